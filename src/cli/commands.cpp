@@ -1,0 +1,13 @@
+// Registers every sub-command; callbacks set the process exit code.
+#include "cli/commands.h"
+
+namespace kvant::cli {
+namespace {
+int g_rc = 0;
+}
+int exit_code() { return g_rc; }
+void set_exit_code(int rc) { g_rc = rc; }
+void register_all(CLI::App& app) {
+  register_inspect(app);
+}
+}  // namespace kvant::cli

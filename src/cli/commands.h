@@ -1,0 +1,11 @@
+// Sub-command registry for the kvant binary.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvant::cli {
+void register_all(CLI::App& app);
+int exit_code();
+void set_exit_code(int rc);
+void register_inspect(CLI::App& app);
+}  // namespace kvant::cli

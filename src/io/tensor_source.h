@@ -1,0 +1,45 @@
+// TensorSource: what a model loader sees of a checkpoint, whatever its file
+// format (GGUF, safetensors single or sharded). Names are the file's own;
+// mapping them to a model's parameters is model/'s job.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "io/dtype.h"
+
+namespace kvant {
+
+struct TensorRef {
+  std::string name;
+  std::vector<int64_t> shape;  // outermost first, e.g. a linear weight is [out, in]
+  DType dtype = DType::Unknown;
+  std::span<const uint8_t> data;  // raw bytes inside the mapped file
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual const std::string& path() const = 0;
+  virtual const std::vector<TensorRef>& tensors() const = 0;
+  virtual const TensorRef* find(const std::string& name) const = 0;
+  // Dequantizes a whole tensor to FP32; `out` holds numel() values. FP8
+  // weights with a `<name>_scale_inv` sibling get their 128x128 block scales.
+  // Errors name the file and tensor.
+  virtual Result<void> read_f32(const TensorRef& t, std::span<float> out) const = 0;
+};
+
+// Opens a .gguf file, a .safetensors file, or a Hugging Face directory
+// (model.safetensors or model.safetensors.index.json).
+Result<std::unique_ptr<TensorSource>> open_tensor_source(const std::string& path);
+
+}  // namespace kvant
