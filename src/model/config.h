@@ -1,0 +1,65 @@
+// ModelConfig: the architecture hyper-parameters kvant's forward pass needs,
+// read from GGUF metadata or a Hugging Face config.json. It knows nothing of
+// weights or files beyond those two metadata forms.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+
+namespace kvant {
+class GgufFile;
+
+enum class Arch { Llama, Qwen2, Qwen3, Gemma3 };
+enum class Activation { Silu, GeluTanh };
+enum class RopeScaling { None, Linear, Llama3 };
+
+struct RopeConfig {
+  float theta = 10000.f;
+  RopeScaling scaling = RopeScaling::None;
+  float factor = 1.f;
+  float low_freq_factor = 1.f;
+  float high_freq_factor = 4.f;
+  int64_t original_max_positions = 8192;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::Llama;
+  std::string arch_name;  // as the file names it ("llama", "LlamaForCausalLM", ...)
+  int64_t vocab = 0;
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t ffn = 0;
+  int64_t max_positions = 0;
+  float rms_eps = 1e-5f;
+  Activation act = Activation::Silu;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;    // Qwen2
+  bool qk_norm = false;     // Qwen3, Gemma 3: RMSNorm over each head of q and k
+  bool post_norms = false;  // Gemma 3: norms after attention and after the MLP
+  float embed_scale = 1.f;  // Gemma: sqrt(hidden)
+  float attn_scale = 0.f;   // softmax scale; head_dim^-0.5 unless the model says
+  float final_softcap = 0.f;
+  float attn_softcap = 0.f;
+  int64_t sliding_window = 0;      // 0 = none
+  std::vector<uint8_t> sliding;    // per layer: 1 = sliding-window attention
+  RopeConfig rope;                 // global (full-attention) layers
+  RopeConfig rope_local;           // sliding layers (Gemma 3 uses another base)
+  int32_t bos_id = -1;
+  int32_t eos_id = -1;
+
+  int64_t q_dim() const { return heads * head_dim; }
+  int64_t kv_dim() const { return kv_heads * head_dim; }
+  Result<void> validate() const;
+};
+
+Result<ModelConfig> config_from_gguf(const GgufFile& g);
+Result<ModelConfig> config_from_hf_json(const std::string& config_json_path);
+const char* arch_name(Arch a);
+
+}  // namespace kvant

@@ -1,0 +1,241 @@
+// Name mapping and load-time transforms:
+//  - GGUF Llama files store q/k rows permuted for interleaved RoPE; we undo it
+//    so every architecture uses the half-split (NeoX) rotation.
+//  - Hugging Face Gemma norms hold w with the forward computing x*(1+w); GGUF
+//    files already store 1+w. We store 1+w, so the forward is x*w for all.
+#include "model/loader.h"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "core/threads.h"
+#include "io/gguf.h"
+#include "io/tensor_source.h"
+#include "numerics/bf16.h"
+
+namespace kvant {
+namespace {
+
+enum class Naming { Gguf, Hf };
+
+struct Names {
+  Naming naming;
+  Arch arch;
+  std::string global(const char* role) const {
+    std::string r = role;
+    if (naming == Naming::Gguf) {
+      if (r == "embed") return "token_embd.weight";
+      if (r == "out_norm") return "output_norm.weight";
+      if (r == "output") return "output.weight";
+      if (r == "rope_freqs") return "rope_freqs.weight";
+    } else {
+      if (r == "embed") return "model.embed_tokens.weight";
+      if (r == "out_norm") return "model.norm.weight";
+      if (r == "output") return "lm_head.weight";
+      if (r == "rope_freqs") return "";
+    }
+    return "";
+  }
+  std::string layer(int64_t i, const std::string& role) const {
+    if (naming == Naming::Gguf) {
+      static const std::pair<const char*, const char*> m[] = {
+          {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"}, {"wk", "attn_k.weight"},
+          {"wv", "attn_v.weight"}, {"bq", "attn_q.bias"}, {"bk", "attn_k.bias"},
+          {"bv", "attn_v.bias"}, {"q_norm", "attn_q_norm.weight"},
+          {"k_norm", "attn_k_norm.weight"}, {"wo", "attn_output.weight"},
+          {"post_attn_norm", "post_attention_norm.weight"}, {"ffn_norm", "ffn_norm.weight"},
+          {"w_gate", "ffn_gate.weight"}, {"w_up", "ffn_up.weight"}, {"w_down", "ffn_down.weight"},
+          {"post_ffn_norm", "post_ffw_norm.weight"}};
+      for (auto& [k, v] : m)
+        if (role == k) return "blk." + std::to_string(i) + "." + v;
+      return "";
+    }
+    const bool gemma = arch == Arch::Gemma3;
+    static const std::pair<const char*, const char*> m[] = {
+        {"attn_norm", "input_layernorm.weight"}, {"wq", "self_attn.q_proj.weight"},
+        {"wk", "self_attn.k_proj.weight"}, {"wv", "self_attn.v_proj.weight"},
+        {"bq", "self_attn.q_proj.bias"}, {"bk", "self_attn.k_proj.bias"},
+        {"bv", "self_attn.v_proj.bias"}, {"q_norm", "self_attn.q_norm.weight"},
+        {"k_norm", "self_attn.k_norm.weight"}, {"wo", "self_attn.o_proj.weight"},
+        {"w_gate", "mlp.gate_proj.weight"}, {"w_up", "mlp.up_proj.weight"},
+        {"w_down", "mlp.down_proj.weight"}};
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    // Llama's "post_attention_layernorm" is the norm before the MLP; Gemma's is
+    // the norm applied to the attention output.
+    if (role == "ffn_norm") return p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+    if (role == "post_attn_norm") return gemma ? p + "post_attention_layernorm.weight" : "";
+    if (role == "post_ffn_norm") return gemma ? p + "post_feedforward_layernorm.weight" : "";
+    for (auto& [k, v] : m)
+      if (role == k) return p + v;
+    return "";
+  }
+};
+
+class Loader {
+ public:
+  Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming)
+      : src_(src), cfg_(cfg), names_{naming, cfg.arch} {}
+
+  Result<std::vector<float>> f32(const std::string& name, std::vector<int64_t> shape) {
+    const TensorRef* t = src_.find(name);
+    if (!t) return make_error(src_.path() + ": missing tensor " + name);
+    if (t->shape != shape) return make_error(src_.path() + ": tensor " + name + " has shape " + fmt(t->shape) + ", expected " + fmt(shape));
+    std::vector<float> out(size_t(t->numel()));
+    KV_TRY(src_.read_f32(*t, out));
+    return out;
+  }
+  bool has(const std::string& name) const { return !name.empty() && src_.find(name) != nullptr; }
+
+  // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
+  Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+                        const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
+    Matrix m;
+    m.cols = cols;
+    for (auto& p : parts) m.rows += p.second;
+    m.data = AlignedBuffer<uint16_t>(size_t(m.rows * cols));
+    int64_t row = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      auto v = f32(parts[i].first, {parts[i].second, cols});
+      if (!v) return v.error();
+      if (transform) transform(i, *v);
+      uint16_t* dst = m.data.data() + row * cols;
+      const float* s = v->data();
+      parallel_for(int64_t(v->size()), 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) dst[k] = f32_to_bf16(s[k]);
+      });
+      row += parts[i].second;
+    }
+    return m;
+  }
+
+  Result<ModelWeights> load() {
+    ModelWeights w;
+    const auto& c = cfg_;
+    const float norm_add = (names_.naming == Naming::Hf && c.arch == Arch::Gemma3) ? 1.f : 0.f;
+    auto norm = [&](const std::string& name, int64_t n) -> Result<std::vector<float>> {
+      auto v = f32(name, {n});
+      if (!v) return v.error();
+      for (auto& x : *v) x += norm_add;
+      return v;
+    };
+    auto em = matrix({{names_.global("embed"), c.vocab}}, c.hidden);
+    if (!em) return em.error();
+    w.embed = std::move(*em);
+    if (!c.tie_embeddings || has(names_.global("output"))) {
+      if (has(names_.global("output"))) {
+        auto o = matrix({{names_.global("output"), c.vocab}}, c.hidden);
+        if (!o) return o.error();
+        w.output = std::move(*o);
+      } else if (!c.tie_embeddings) {
+        return make_error(src_.path() + ": missing tensor " + names_.global("output"));
+      }
+    }
+    auto on = norm(names_.global("out_norm"), c.hidden);
+    if (!on) return on.error();
+    w.out_norm = std::move(*on);
+    if (has(names_.global("rope_freqs"))) {
+      auto rf = f32(names_.global("rope_freqs"), {c.head_dim / 2});
+      if (!rf) return rf.error();
+      w.rope_freq_factors = std::move(*rf);
+    }
+    const bool unpermute = names_.naming == Naming::Gguf && c.arch == Arch::Llama;
+    for (int64_t i = 0; i < c.layers; ++i) {
+      LayerWeights L;
+      auto N = [&](const char* role) { return names_.layer(i, role); };
+      auto an = norm(N("attn_norm"), c.hidden); if (!an) return an.error();
+      L.attn_norm = std::move(*an);
+      auto qkv = matrix({{N("wq"), c.q_dim()}, {N("wk"), c.kv_dim()}, {N("wv"), c.kv_dim()}}, c.hidden,
+                        [&](size_t part, std::vector<float>& v) {
+                          if (unpermute && part < 2) unpermute_rows(v, part == 0 ? c.heads : c.kv_heads, c.head_dim, c.hidden);
+                        });
+      if (!qkv) return qkv.error();
+      L.wqkv = std::move(*qkv);
+      if (c.qkv_bias) {
+        for (auto [role, n] : {std::pair{"bq", c.q_dim()}, {"bk", c.kv_dim()}, {"bv", c.kv_dim()}}) {
+          auto b = f32(N(role), {n});
+          if (!b) return b.error();
+          L.bqkv.insert(L.bqkv.end(), b->begin(), b->end());
+        }
+      }
+      if (c.qk_norm) {
+        auto qn = norm(N("q_norm"), c.head_dim); if (!qn) return qn.error();
+        auto kn = norm(N("k_norm"), c.head_dim); if (!kn) return kn.error();
+        L.q_norm = std::move(*qn);
+        L.k_norm = std::move(*kn);
+      }
+      auto wo = matrix({{N("wo"), c.hidden}}, c.q_dim()); if (!wo) return wo.error();
+      L.wo = std::move(*wo);
+      auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
+      L.ffn_norm = std::move(*fnm);
+      auto gu = matrix({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden); if (!gu) return gu.error();
+      L.w_gate_up = std::move(*gu);
+      auto wd = matrix({{N("w_down"), c.hidden}}, c.ffn); if (!wd) return wd.error();
+      L.w_down = std::move(*wd);
+      if (c.post_norms) {
+        auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
+        auto pf = norm(N("post_ffn_norm"), c.hidden); if (!pf) return pf.error();
+        L.post_attn_norm = std::move(*pa);
+        L.post_ffn_norm = std::move(*pf);
+      }
+      w.layers.push_back(std::move(L));
+    }
+    return w;
+  }
+
+ private:
+  // Inverse of the GGUF converter's permutation: rows of each head were
+  // reordered from [2, d/2] (halves) to [d/2, 2] (interleaved pairs).
+  static void unpermute_rows(std::vector<float>& v, int64_t heads, int64_t hd, int64_t cols) {
+    std::vector<float> tmp(size_t(hd * cols));
+    for (int64_t h = 0; h < heads; ++h) {
+      float* base = v.data() + h * hd * cols;
+      for (int64_t r = 0; r < hd; ++r) {
+        // GGUF row r = 2*i + j holds HF row j*(hd/2) + i.
+        const int64_t i = r / 2, j = r % 2;
+        const int64_t hf_row = j * (hd / 2) + i;
+        std::copy(base + r * cols, base + (r + 1) * cols, tmp.begin() + hf_row * cols);
+      }
+      std::copy(tmp.begin(), tmp.end(), base);
+    }
+  }
+  static std::string fmt(const std::vector<int64_t>& s) {
+    std::string r = "[";
+    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  }
+
+  const TensorSource& src_;
+  const ModelConfig& cfg_;
+  Names names_;
+};
+
+}  // namespace
+
+Result<LoadedModel> load_model(const std::string& path) {
+  namespace fs = std::filesystem;
+  LoadedModel m;
+  Naming naming;
+  if (fs::is_directory(path)) {
+    auto c = config_from_hf_json((fs::path(path) / "config.json").string());
+    if (!c) return c.error();
+    m.config = std::move(*c);
+    naming = Naming::Hf;
+  } else {
+    auto g = GgufFile::open(path);
+    if (!g) return g.error();
+    auto c = config_from_gguf(*g);
+    if (!c) return c.error();
+    m.config = std::move(*c);
+    naming = Naming::Gguf;
+  }
+  auto src = open_tensor_source(path);
+  if (!src) return src.error();
+  Loader l(**src, m.config, naming);
+  auto w = l.load();
+  if (!w) return w.error();
+  m.weights = std::move(*w);
+  return m;
+}
+
+}  // namespace kvant

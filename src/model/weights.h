@@ -1,0 +1,41 @@
+// In-memory weights of a dense decoder: BF16 matrices (dequantized at load),
+// FP32 norms and biases. Projections that read the same input are fused at
+// load (q|k|v, gate|up) so each needs one matrix product per step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/aligned.h"
+
+namespace kvant {
+
+struct Matrix {  // BF16, [rows, cols] row-major: a linear layer's [out, in]
+  AlignedBuffer<uint16_t> data;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;       // [hidden]
+  Matrix wqkv;                        // [q_dim + 2*kv_dim, hidden]
+  std::vector<float> bqkv;            // [q_dim + 2*kv_dim] or empty
+  std::vector<float> q_norm, k_norm;  // [head_dim] or empty
+  Matrix wo;                          // [hidden, q_dim]
+  std::vector<float> post_attn_norm;  // [hidden] or empty (Gemma)
+  std::vector<float> ffn_norm;        // [hidden]
+  Matrix w_gate_up;                   // [2*ffn, hidden]: gate rows, then up rows
+  Matrix w_down;                      // [hidden, ffn]
+  std::vector<float> post_ffn_norm;   // [hidden] or empty (Gemma)
+};
+
+struct ModelWeights {
+  Matrix embed;                  // [vocab, hidden]
+  Matrix output;                 // [vocab, hidden]; empty when tied to embed
+  std::vector<float> out_norm;   // [hidden]
+  std::vector<float> rope_freq_factors;  // [head_dim/2] divisors (Llama 3 GGUF), or empty
+  std::vector<LayerWeights> layers;
+  const Matrix& lm_head() const { return output.rows ? output : embed; }
+};
+
+}  // namespace kvant
