@@ -35,7 +35,22 @@ class TensorSource {
   // Dequantizes a whole tensor to FP32; `out` holds numel() values. FP8
   // weights with a `<name>_scale_inv` sibling get their 128x128 block scales.
   // Errors name the file and tensor.
-  virtual Result<void> read_f32(const TensorRef& t, std::span<float> out) const = 0;
+  Result<void> read_f32(const TensorRef& t, std::span<float> out) const {
+    return read_f32_rows(t, 0, num_rows(t), out);
+  }
+  // Dequantizes rows [begin, end) to FP32, a row being the innermost
+  // dimension (shape.back() values; a 0-d tensor is one row of one value).
+  // Loaders split big tensors over threads with this; every call is
+  // independent and const, so concurrent calls are safe. `out` holds
+  // (end - begin) * row_length(t) values.
+  virtual Result<void> read_f32_rows(const TensorRef& t, int64_t begin, int64_t end,
+                                     std::span<float> out) const = 0;
+
+  static int64_t row_length(const TensorRef& t) { return t.shape.empty() ? 1 : t.shape.back(); }
+  static int64_t num_rows(const TensorRef& t) {
+    const int64_t len = row_length(t);
+    return len == 0 ? 0 : t.numel() / len;
+  }
 };
 
 // Opens a .gguf file, a .safetensors file, or a Hugging Face directory
