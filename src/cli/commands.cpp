@@ -9,5 +9,7 @@ int exit_code() { return g_rc; }
 void set_exit_code(int rc) { g_rc = rc; }
 void register_all(CLI::App& app) {
   register_inspect(app);
+  register_bench(app);
+  register_generate(app);
 }
 }  // namespace kvant::cli

@@ -8,4 +8,6 @@ void register_all(CLI::App& app);
 int exit_code();
 void set_exit_code(int rc);
 void register_inspect(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_generate(CLI::App& app);
 }  // namespace kvant::cli
