@@ -1,6 +1,10 @@
 // IEEE binary16 <-> FP32 in portable code (the baseline ISA has no F16C).
 // FP32 -> FP16 rounds to nearest even; overflow goes to Inf as IEEE says
 // (FP16 is a storage format for weights here, not a saturating KV format).
+// NaNs: widening keeps the payload bit for bit; narrowing keeps the sign and
+// top 10 payload bits and sets the quiet bit, exactly like F16C's vcvtps2ph.
+// Scalar only: vectorised conversions belong to kernels/ (tested against
+// these). Layout and rules: docs/FORMATS.md.
 #pragma once
 
 #include <bit>
