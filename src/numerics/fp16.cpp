@@ -9,7 +9,7 @@ uint16_t f32_to_fp16(float f) {
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN stays NaN
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: Inf
-  if (a < 0x38800000u) {  // below the smallest normal 2^-14: subnormal or zero
+  if (a < 0x38800000u) {               // below the smallest normal 2^-14: subnormal or zero
     if (a < 0x33000000u) return sign;  // < 2^-25 rounds to zero (2^-25 itself ties to 0)
     const uint32_t e = a >> 23;
     const uint32_t m = (a & 0x7fffffu) | 0x800000u;

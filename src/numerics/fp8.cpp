@@ -19,16 +19,16 @@ struct Fp8Format {
   uint32_t exp_bits;
   uint32_t man_bits;
   uint32_t bias;
-  bool has_inf;          // e5m2: exponent all-ones with mantissa 0 is Inf
-  uint8_t max_code;      // largest finite, positive
-  uint8_t nan_code;      // produced for NaN inputs, positive
-  uint32_t max_f32_bits; // FP32 bits of the largest finite value
+  bool has_inf;           // e5m2: exponent all-ones with mantissa 0 is Inf
+  uint8_t max_code;       // largest finite, positive
+  uint8_t nan_code;       // produced for NaN inputs, positive
+  uint32_t max_f32_bits;  // FP32 bits of the largest finite value
 };
 
-constexpr Fp8Format kE4m3{4, 3, 7, false, kFp8E4m3MaxCode, kFp8E4m3NaN,
-                          std::bit_cast<uint32_t>(kFp8E4m3Max)};
-constexpr Fp8Format kE5m2{5, 2, 15, true, kFp8E5m2MaxCode, kFp8E5m2NaN,
-                          std::bit_cast<uint32_t>(kFp8E5m2Max)};
+constexpr Fp8Format kE4m3{
+    4, 3, 7, false, kFp8E4m3MaxCode, kFp8E4m3NaN, std::bit_cast<uint32_t>(kFp8E4m3Max)};
+constexpr Fp8Format kE5m2{
+    5, 2, 15, true, kFp8E5m2MaxCode, kFp8E5m2NaN, std::bit_cast<uint32_t>(kFp8E5m2Max)};
 
 constexpr uint32_t kF32QuietNaN = 0x7fc00000u;
 constexpr uint32_t kF32Inf = 0x7f800000u;

@@ -29,8 +29,7 @@ void unpack_int4_words(std::span<const int32_t> words, std::span<int8_t> q) {
   for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t(int4_get(words.data(), i));
 }
 
-void pack_int4_rows(std::span<const int8_t> q, size_t rows, size_t cols,
-                    std::span<int32_t> words) {
+void pack_int4_rows(std::span<const int8_t> q, size_t rows, size_t cols, std::span<int32_t> words) {
   const size_t wpr = int4_words_for(cols);
   KV_CHECK_EQ(q.size(), rows * cols);
   KV_CHECK_EQ(words.size(), rows * wpr);

@@ -46,8 +46,7 @@ void unpack_int4_words(std::span<const int32_t> words, std::span<int8_t> q);
 
 // Row-major matrix [rows, cols] <-> packed [rows, int4_words_for(cols)].
 // q.size() == rows * cols and words.size() == rows * int4_words_for(cols).
-void pack_int4_rows(std::span<const int8_t> q, size_t rows, size_t cols,
-                    std::span<int32_t> words);
+void pack_int4_rows(std::span<const int8_t> q, size_t rows, size_t cols, std::span<int32_t> words);
 void unpack_int4_rows(std::span<const int32_t> words, size_t rows, size_t cols,
                       std::span<int8_t> q);
 

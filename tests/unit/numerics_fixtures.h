@@ -33,8 +33,8 @@ std::vector<T> load_numerics_fixture(const std::string& name) {
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
   std::fclose(f);
   if (bytes.size() % sizeof(T) != 0) {
-    ADD_FAILURE() << path << ": " << bytes.size() << " bytes is not a whole number of "
-                  << sizeof(T) << "-byte elements";
+    ADD_FAILURE() << path << ": " << bytes.size() << " bytes is not a whole number of " << sizeof(T)
+                  << "-byte elements";
     return out;
   }
   out.resize(bytes.size() / sizeof(T));

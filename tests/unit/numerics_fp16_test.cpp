@@ -58,12 +58,12 @@ TEST(Fp16, F32SampleNarrowsLikeReference) {
     bool ok = got == want[i];
     if (std::isnan(from_bits(in[i]))) {
       ++nans;
-      const uint16_t expect = uint16_t(((in[i] >> 16) & 0x8000u) | 0x7e00u | ((in[i] >> 13) & 0x3ffu));
+      const uint16_t expect =
+          uint16_t(((in[i] >> 16) & 0x8000u) | 0x7e00u | ((in[i] >> 13) & 0x3ffu));
       ok = fp16_is_nan(want[i]) && (want[i] & 0x8000u) == (got & 0x8000u) && got == expect;
     }
     if (!ok && ++bad <= 10)
-      ADD_FAILURE() << "f32 0x" << std::hex << in[i] << ": got 0x" << got << " want 0x"
-                    << want[i];
+      ADD_FAILURE() << "f32 0x" << std::hex << in[i] << ": got 0x" << got << " want 0x" << want[i];
   }
   EXPECT_EQ(bad, 0);
   EXPECT_GT(nans, 100);  // the sample really does exercise NaN payloads
@@ -107,8 +107,7 @@ TEST(Bf16, F32SampleNarrowsLikeReference) {
       ok = bf16_is_nan(want[i]) && (want[i] & 0x8000u) == (got & 0x8000u) && got == expect;
     }
     if (!ok && ++bad <= 10)
-      ADD_FAILURE() << "f32 0x" << std::hex << in[i] << ": got 0x" << got << " want 0x"
-                    << want[i];
+      ADD_FAILURE() << "f32 0x" << std::hex << in[i] << ": got 0x" << got << " want 0x" << want[i];
   }
   EXPECT_EQ(bad, 0);
 }

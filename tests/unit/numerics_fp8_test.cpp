@@ -75,24 +75,20 @@ void expect_codes(const char* what, const std::vector<uint8_t>& want, uint8_t (*
   for (uint32_t h = 0; h < 65536; ++h) {
     const uint8_t got = fn(uint16_t(h));
     if (got != want[h] && ++bad <= 10)
-      ADD_FAILURE() << what << " input 0x" << std::hex << h << ": got 0x" << int(got)
-                    << " want 0x" << int(want[h]);
+      ADD_FAILURE() << what << " input 0x" << std::hex << h << ": got 0x" << int(got) << " want 0x"
+                    << int(want[h]);
   }
   EXPECT_EQ(bad, 0) << what << " mismatches";
 }
 
 TEST(Fp8Encode, AllBf16InputsMatchReference) {
-  expect_codes("bf16->e4m3", load_numerics_fixture<uint8_t>("bf16_to_e4m3.u8"),
-               bf16_to_fp8_e4m3);
-  expect_codes("bf16->e5m2", load_numerics_fixture<uint8_t>("bf16_to_e5m2.u8"),
-               bf16_to_fp8_e5m2);
+  expect_codes("bf16->e4m3", load_numerics_fixture<uint8_t>("bf16_to_e4m3.u8"), bf16_to_fp8_e4m3);
+  expect_codes("bf16->e5m2", load_numerics_fixture<uint8_t>("bf16_to_e5m2.u8"), bf16_to_fp8_e5m2);
 }
 
 TEST(Fp8Encode, AllFp16InputsMatchReference) {
-  expect_codes("fp16->e4m3", load_numerics_fixture<uint8_t>("fp16_to_e4m3.u8"),
-               fp16_to_fp8_e4m3);
-  expect_codes("fp16->e5m2", load_numerics_fixture<uint8_t>("fp16_to_e5m2.u8"),
-               fp16_to_fp8_e5m2);
+  expect_codes("fp16->e4m3", load_numerics_fixture<uint8_t>("fp16_to_e4m3.u8"), fp16_to_fp8_e4m3);
+  expect_codes("fp16->e5m2", load_numerics_fixture<uint8_t>("fp16_to_e5m2.u8"), fp16_to_fp8_e5m2);
 }
 
 TEST(Fp8Encode, DirectEqualsViaF32) {
@@ -198,13 +194,13 @@ TEST(Fp8Encode, NaNKeepsSignAndUsesCanonicalCode) {
 }
 
 TEST(Fp8Encode, SubnormalsAndUnderflow) {
-  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);          // half the min subnormal: tie to 0
+  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);  // half the min subnormal: tie to 0
   EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(0x1p-10f, 1.f)), 0x01);
-  EXPECT_EQ(f32_to_fp8_e4m3(-0x1p-10f), 0x80);         // keeps the sign of zero
-  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);      // tie 1|2 -> 2
-  EXPECT_EQ(f32_to_fp8_e4m3(15 * 0x1p-10f), 0x08);     // tie 7|8 -> 8 = min normal
+  EXPECT_EQ(f32_to_fp8_e4m3(-0x1p-10f), 0x80);      // keeps the sign of zero
+  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);   // tie 1|2 -> 2
+  EXPECT_EQ(f32_to_fp8_e4m3(15 * 0x1p-10f), 0x08);  // tie 7|8 -> 8 = min normal
   EXPECT_EQ(f32_to_fp8_e5m2(0x1p-17f), 0x00);
-  EXPECT_EQ(f32_to_fp8_e5m2(7 * 0x1p-17f), 0x04);      // tie 3|4 -> 4 = min normal
+  EXPECT_EQ(f32_to_fp8_e5m2(7 * 0x1p-17f), 0x04);  // tie 3|4 -> 4 = min normal
   EXPECT_EQ(f32_to_fp8_e4m3(std::numeric_limits<float>::denorm_min()), 0x00);
   EXPECT_EQ(f32_to_fp8_e5m2(-std::numeric_limits<float>::denorm_min()), 0x80);
 }
