@@ -3,6 +3,7 @@
 // before anything is reserved, so a hostile header cannot make us allocate.
 #include "io/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -179,6 +180,7 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
   std::vector<uint64_t> rel_offsets(static_cast<size_t>(n_tensors));
   for (uint64_t ti = 0; ti < n_tensors; ++ti) {
     auto& t = g.tensors_[size_t(ti)];
+    const std::string entry_at = " (directory entry at offset " + std::to_string(c.pos) + ")";
     if (!c.read_string(t.name, "tensor name")) return make_error(c.err);
     uint32_t nd;
     if (!c.read(nd, t.name.c_str())) return make_error(c.err);
@@ -198,12 +200,12 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
       return make_error(name + ": tensor " + t.name + " has unsupported ggml type " + std::to_string(t.ggml_type) + " at offset " + std::to_string(c.pos - 4));
     const auto& info = dtype_info(t.dtype);
     if (ne[0] % info.block_elems != 0)
-      return make_error(name + ": tensor " + t.name + " row length " + std::to_string(ne[0]) + " is not a multiple of the " + info.name + " block (" + std::to_string(info.block_elems) + ")");
+      return make_error(name + ": tensor " + t.name + " row length " + std::to_string(ne[0]) + " is not a multiple of the " + info.name + " block (" + std::to_string(info.block_elems) + ")" + entry_at);
     t.nbytes = dtype_bytes(t.dtype, numel);
     if (!c.read(rel_offsets[size_t(ti)], t.name.c_str())) return make_error(c.err);
     if (rel_offsets[size_t(ti)] % alignment != 0)
-      return make_error(name + ": tensor " + t.name + " data offset " + std::to_string(rel_offsets[size_t(ti)]) + " is not aligned to " + std::to_string(alignment));
-    if (g.tensor_index_.count(t.name)) return make_error(name + ": duplicate tensor " + t.name);
+      return make_error(name + ": tensor " + t.name + " data offset " + std::to_string(rel_offsets[size_t(ti)]) + " is not aligned to " + std::to_string(alignment) + entry_at);
+    if (g.tensor_index_.count(t.name)) return make_error(name + ": duplicate tensor " + t.name + entry_at);
     g.tensor_index_[t.name] = size_t(ti);
   }
   uint64_t data_start = (c.pos + alignment - 1) / alignment * alignment;
@@ -213,6 +215,20 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
     if (rel > bytes.size() || data_start > bytes.size() - rel || t.nbytes > bytes.size() - data_start - rel)
       return make_error(name + ": tensor " + t.name + " data [" + std::to_string(data_start + rel) + ", +" + std::to_string(t.nbytes) + ") lies beyond the end of the file (" + std::to_string(bytes.size()) + " bytes); the file is truncated");
     t.offset = data_start + rel;
+  }
+  // Two tensors sharing bytes means a corrupt directory (writers lay tensors
+  // out one after another), so it is an error, as in a safetensors header.
+  std::vector<size_t> order(g.tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return g.tensors_[a].offset < g.tensors_[b].offset; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const auto& p = g.tensors_[order[k - 1]];
+    const auto& t = g.tensors_[order[k]];
+    if (t.offset < p.offset + p.nbytes)
+      return make_error(name + ": tensor " + t.name + " data at offset " + std::to_string(t.offset) +
+                        " overlaps tensor " + p.name + " [" + std::to_string(p.offset) + ", " +
+                        std::to_string(p.offset + p.nbytes) + ")");
   }
   return g;
 }
