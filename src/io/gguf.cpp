@@ -254,7 +254,20 @@ std::optional<double> GgufFile::get_number(const std::string& key) const {
 std::optional<int64_t> GgufFile::get_int(const std::string& key) const {
   auto v = find(key);
   if (!v || !v->is_number()) return std::nullopt;
-  return int64_t(v->as_double());
+  switch (v->type) {
+    case GgufType::U64:  // v->i is 0 for values past INT64_MAX
+      if (v->u > uint64_t(std::numeric_limits<int64_t>::max())) return std::nullopt;
+      return int64_t(v->u);
+    case GgufType::F32:
+    case GgufType::F64: {
+      // Converting a float outside int64's range (or NaN) is undefined; such
+      // a value is no integer, so it reads as absent.
+      const double d = v->f;
+      if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) return std::nullopt;
+      return int64_t(d);
+    }
+    default: return v->i;
+  }
 }
 const std::vector<std::string>* GgufFile::get_strings(const std::string& key) const {
   auto v = find(key);
