@@ -1,42 +1,125 @@
-// Chooses the kernel table once from cpuid (and KVANT_ISA). SIMD tables are
-// defined in their ISA folders; this file only links them in.
+// Chooses the kernel table once from cpuid (and KVANT_ISA). The tables are
+// assembled here, in baseline code, from function pointers only: no SIMD code
+// runs until core/cpu.h has confirmed the CPU (and OS) support its ISA.
 #include <cstdlib>
 #include <cstring>
 
 #include "core/cpu.h"
+#include "kernels/cpu/avx2/avx2.h"
+#include "kernels/cpu/avx512/avx512.h"
+#include "kernels/cpu/avx512bf16/avx512bf16.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/ref/ref.h"
 
 namespace kvant::kernels {
 
 namespace {
-KernelTable make_scalar() {
+
+template <class Ns>
+void fill(KernelTable& t) {
+  t.gemm_bf16 = Ns::gemm_bf16;
+  t.gemm_bf16_packed = Ns::gemm_bf16_packed;
+  t.pack_bf16 = Ns::pack_bf16;
+  t.f32_to_bf16 = Ns::f32_to_bf16;
+  t.bf16_to_f32 = Ns::bf16_to_f32;
+  t.rmsnorm = Ns::rmsnorm;
+  t.silu_mul = Ns::silu_mul;
+  t.gelu_tanh_mul = Ns::gelu_tanh_mul;
+  t.softmax = Ns::softmax;
+  t.attn_scores = Ns::attn_scores;
+  t.attn_weighted_sum = Ns::attn_weighted_sum;
+  t.peak_probe = Ns::peak_probe;
+  t.peak_flops_per_iter = Ns::kPeakFlopsPerIter;
+}
+
+// Namespaces cannot be template arguments; these structs name their functions.
+#define KVANT_ISA_FUNCS(ns)                                             \
+  struct ns##_funcs {                                                   \
+    static constexpr auto gemm_bf16 = ns::gemm_bf16;                    \
+    static constexpr auto gemm_bf16_packed = ns::gemm_bf16_packed;      \
+    static constexpr auto pack_bf16 = ns::pack_bf16;                    \
+    static constexpr auto f32_to_bf16 = ns::f32_to_bf16;                \
+    static constexpr auto bf16_to_f32 = ns::bf16_to_f32;                \
+    static constexpr auto rmsnorm = ns::rmsnorm;                        \
+    static constexpr auto silu_mul = ns::silu_mul;                      \
+    static constexpr auto gelu_tanh_mul = ns::gelu_tanh_mul;            \
+    static constexpr auto softmax = ns::softmax;                        \
+    static constexpr auto attn_scores = ns::attn_scores;                \
+    static constexpr auto attn_weighted_sum = ns::attn_weighted_sum;    \
+    static constexpr auto peak_probe = ns::peak_probe;                  \
+    static constexpr int64_t kPeakFlopsPerIter = ns::kPeakFlopsPerIter; \
+  };
+KVANT_ISA_FUNCS(ref)
+KVANT_ISA_FUNCS(avx2)
+KVANT_ISA_FUNCS(avx512)
+#undef KVANT_ISA_FUNCS
+
+KernelTable make(Isa isa) {
   KernelTable t;
-  t.isa = Isa::Scalar;
-  t.gemm_bf16 = ref::gemm_bf16;
-  t.f32_to_bf16 = ref::f32_to_bf16;
+  t.isa = isa;
+  switch (isa) {
+    case Isa::Scalar:
+      fill<ref_funcs>(t);
+      break;
+    case Isa::Avx2:
+      fill<avx2_funcs>(t);
+      break;
+    case Isa::Avx512:
+      fill<avx512_funcs>(t);
+      break;
+    case Isa::Avx512Bf16:
+      fill<avx512_funcs>(t);
+      t.gemm_bf16 = avx512bf16::gemm_bf16;
+      t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
+      t.peak_probe = avx512bf16::peak_probe;
+      t.peak_flops_per_iter = avx512bf16::kPeakFlopsPerIter;
+      break;
+  }
   return t;
 }
+
+bool supported(Isa isa) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx512 = f.has_avx2_set() && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  switch (isa) {
+    case Isa::Scalar:
+      return true;
+    case Isa::Avx2:
+      return f.has_avx2_set();
+    case Isa::Avx512:
+      return avx512;
+    case Isa::Avx512Bf16:
+      return avx512 && f.has_avx512_set();
+  }
+  return false;
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::Avx512: return "avx512";
-    case Isa::Avx2: return "avx2";
-    default: return "scalar";
+    case Isa::Avx512Bf16:
+      return "avx512bf16";
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx2:
+      return "avx2";
+    default:
+      return "scalar";
   }
 }
 
 const KernelTable* table_for(Isa isa) {
-  static const KernelTable scalar = make_scalar();
-  if (isa == Isa::Scalar) return &scalar;
-  return nullptr;  // SIMD tables register below as they are added
+  static const KernelTable tables[] = {make(Isa::Scalar), make(Isa::Avx2), make(Isa::Avx512),
+                                       make(Isa::Avx512Bf16)};
+  if (!supported(isa)) return nullptr;
+  return &tables[int(isa)];
 }
 
 const KernelTable& active() {
   static const KernelTable* t = [] {
     const char* env = std::getenv("KVANT_ISA");
-    Isa order[] = {Isa::Avx512, Isa::Avx2, Isa::Scalar};
+    const Isa order[] = {Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Scalar};
     for (Isa isa : order) {
       if (env && *env && std::strcmp(env, isa_name(isa)) != 0) continue;
       if (auto* p = table_for(isa)) return p;

@@ -1,32 +1,101 @@
 // CPU kernel table: one entry per kernel, filled once at start-up with the best
-// ISA the machine has (AVX-512 with BF16/VNNI, AVX2+FMA, or scalar). Kernels are
-// pure functions over raw spans: no allocation, no logging, no threads of their
-// own (callers split work, see core/threads.h). Every entry has a scalar
-// reference in ref/ and a test against it for each compiled ISA.
+// ISA the machine has (AVX-512 with BF16 dot products, AVX-512 without them,
+// AVX2+FMA, or scalar). Kernels are pure functions over raw spans: no
+// allocation, no logging, no threads of their own (callers split work, see
+// core/threads.h). Every entry has a scalar reference in ref/ and a test
+// against it for each compiled ISA. This header owns the contracts and the
+// packed-weight layout; it does not own dispatch policy (dispatch.cpp).
 #pragma once
 
 #include <cstdint>
 
 namespace kvant::kernels {
 
-enum class Isa { Scalar, Avx2, Avx512 };
+// Avx512 needs AVX-512 F/BW/VL/DQ (Skylake-SP, Ice Lake, Zen 4): BF16 products
+// are widened to FP32 and summed with FMA. Avx512Bf16 adds AVX512_BF16 and
+// VNNI (Zen 4, Sapphire Rapids): the GEMM uses VDPBF16PS; other entries are
+// the Avx512 ones.
+enum class Isa { Scalar, Avx2, Avx512, Avx512Bf16 };
+inline constexpr Isa kAllIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16};
 const char* isa_name(Isa isa);
+
+// Packed weights for gemm_bf16_packed ("P16 pairs", the VDPBF16PS operand
+// layout). W [n, k] BF16 row-major is cut into panels of 16 rows; panel p holds
+// rows j = 16p .. 16p+15. Inside a panel k is taken in pairs q = 0 .. kp-1
+// (kp = ceil(k/2)) and for each pair the 16 rows' (w[j, 2q], w[j, 2q+1]) sit
+// next to each other, so one pair of one panel is one 64-byte vector:
+//   wp[((p * kp) + q) * 32 + 2 * r + e] = w[16p + r, 2q + e]
+// with zeros where 16p + r >= n or 2q + e >= k. Panel p starts at element
+// p * kp * 32. Buffers should be 64-byte aligned (kernels tolerate less).
+inline constexpr int64_t kPackRows = 16;
+constexpr int64_t gemm_bf16_packed_size(int64_t n, int64_t k) {
+  return (n + kPackRows - 1) / kPackRows * kPackRows * ((k + 1) / 2 * 2);
+}
 
 struct KernelTable {
   Isa isa = Isa::Scalar;
 
   // y[i, j] = sum_k x[i, k] * w[j, k] for i in [0, m), j in [n0, n1).
   // x: BF16 activations, row stride ldx; w: BF16 weights [n, k] row-major;
-  // y: FP32, row stride ldy. Any k > 0. Accumulates in FP32. The reduction
-  // order for one (i, j) does not depend on m, n0 or n1 (batch invariance).
+  // y: FP32, row stride ldy. Any k > 0. Accumulates in FP32.
+  // Reduction order: every (i, j) is summed sequentially over k, one FP32
+  // accumulator per (i, j), in k pairs (2q, 2q+1), whatever m, n0, n1 or the
+  // tile an element lands in; so y[i, j] is bitwise the same alone or batched.
+  // (Scalar and FP32-FMA ISAs add 2q then 2q+1, which equals the plain
+  // sequential sum since BF16 x BF16 products are exact in FP32; Avx512Bf16
+  // does what VDPBF16PS does per pair.)
   void (*gemm_bf16)(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y,
                     int64_t ldy, int64_t m, int64_t n0, int64_t n1) = nullptr;
 
-  // dst[i] = bf16(src[i]), round to nearest even.
+  // The same product with W pre-packed by pack_bf16 (layout above); bitwise
+  // equal to gemm_bf16 of the same ISA. Saves the per-call repacking: use it
+  // for weights that are read many times (all of them, in a model).
+  void (*gemm_bf16_packed)(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
+                           int64_t ldy, int64_t m, int64_t n0, int64_t n1) = nullptr;
+
+  // wp[gemm_bf16_packed_size(n, k)] = packed W [n, k]. Load-time only.
+  void (*pack_bf16)(const uint16_t* w, int64_t n, int64_t k, uint16_t* wp) = nullptr;
+
+  // dst[i] = bf16(src[i]), round to nearest even, NaN stays a (quiet) NaN.
+  // Bitwise equal to numerics/bf16.h on every ISA.
   void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  // dst[i] = float(src[i]) (exact).
+  void (*bf16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+
+  // One row: y = x * rsqrt(mean(x^2) + eps) * (w + w_offset); w_offset is 0,
+  // or 1 for Gemma's (1 + w) norms. y may alias x.
+  void (*rmsnorm)(const float* x, const float* w, float w_offset, float eps, float* y,
+                  int64_t n) = nullptr;
+
+  // out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). out may alias either input.
+  void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+  // out = gelu_tanh(gate) * up, gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+  void (*gelu_tanh_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+
+  // In place: x = exp(x - max(x)) / sum. -inf entries (masked) become exactly
+  // 0; a row with no finite entry becomes all zeros. Values below
+  // exp(-87.3) (FLT_MIN) relative to the max may flush to 0.
+  void (*softmax)(float* x, int64_t n) = nullptr;
+
+  // Attention helpers for one head; K and V rows are BF16 (what prefill holds
+  // and what FP8 pages dequantize to), q, p and results FP32, FP32 sums.
+  // scores[t] = scale * dot(q[0:d], K[t * ldk + 0:d]) for t in [0, n), d = head_dim.
+  // One row's value does not depend on n or t.
+  void (*attn_scores)(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
+                      float scale, float* scores) = nullptr;
+  // out[d] = sum_t p[t] * V[t * ldv + d], summed sequentially over t = 0 .. n-1
+  // with one fused multiply-add per term (so every ISA gives the same bits).
+  void (*attn_weighted_sum)(const float* p, const uint16_t* v, int64_t ldv, int64_t n,
+                            int64_t head_dim, float* out) = nullptr;
+
+  // Benchmark aid, not a model kernel: runs `iters` iterations of the GEMM's
+  // inner FP32-FMA (or VDPBF16PS) instruction on independent accumulators,
+  // peak_flops_per_iter flops each, and returns a value that depends on them.
+  float (*peak_probe)(int64_t iters) = nullptr;
+  int64_t peak_flops_per_iter = 0;
 };
 
-// The table for this machine; KVANT_ISA=scalar|avx2|avx512 narrows the choice.
+// The table for this machine; KVANT_ISA=scalar|avx2|avx512|avx512bf16 narrows the choice.
 const KernelTable& active();
 // The table for one ISA, or nullptr when this CPU cannot run it (for tests).
 const KernelTable* table_for(Isa isa);

@@ -1,10 +1,27 @@
-// Scalar reference kernels (see kernels.h for the contracts).
+// Scalar reference kernels (see kernels.h for the contracts): the oracle every
+// SIMD kernel is tested against, and the Scalar table. Written for clarity,
+// not speed; transcendental functions and long sums use double where that
+// makes the oracle more accurate than the kernels it checks.
 #pragma once
 
 #include <cstdint>
 
 namespace kvant::kernels::ref {
-void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y,
-               int64_t ldy, int64_t m, int64_t n0, int64_t n1);
+void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
+               int64_t m, int64_t n0, int64_t n1);
+void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
+                      int64_t ldy, int64_t m, int64_t n0, int64_t n1);
+void pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* wp);
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
+void rmsnorm(const float* x, const float* w, float w_offset, float eps, float* y, int64_t n);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+void softmax(float* x, int64_t n);
+void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
+                 float scale, float* scores);
+void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
+                       float* out);
+float peak_probe(int64_t iters);
+inline constexpr int64_t kPeakFlopsPerIter = 16;
 }  // namespace kvant::kernels::ref

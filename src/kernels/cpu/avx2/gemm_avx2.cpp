@@ -1,0 +1,202 @@
+// BF16 GEMM for AVX2+FMA. Same P16-pair panels and blocking as the AVX-512
+// kernels (gemm_tiling.h); a 16-column panel is two 8-lane halves. Each pair
+// vector is split into even-k and odd-k FP32 halves by shift/mask and
+// accumulated with FMA against FP32 broadcasts of x: lane = output column, the
+// sum over k is sequential (2q then 2q+1) in every tile shape, hence batch
+// invariant and equal to the scalar reference on normal inputs.
+
+#include "kernels/cpu/avx2/avx2.h"
+#include "kernels/cpu/avx2/avx2_common.h"
+#include "kernels/cpu/gemm_tiling.h"
+
+namespace kvant::kernels::avx2 {
+namespace {
+
+// In place: r[i] lane c -> r[c] lane i (8x8 dwords).
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // u[4g + s]: column s (low 128 bits) and s + 4 (high) of rows 4g .. 4g+3.
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; ++s) {
+    r[s] = _mm256_permute2f128_ps(u[s], u[4 + s], 0x20);
+    r[s + 4] = _mm256_permute2f128_ps(u[s], u[4 + s], 0x31);
+  }
+}
+
+// 8 pairs (16 BF16) of one row as dwords; only the first n values are read.
+inline __m256 load_pairs(const uint16_t* p, int64_t n) {
+  if (n >= 16) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  alignas(32) uint16_t t[16] = {};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+  return _mm256_load_ps(reinterpret_cast<const float*>(t));
+}
+
+// Rows [j0, j0+rows) of W, pairs [q0, q0+kc) -> P16-pair panels (stride kc*16 dwords).
+void pack_w(const uint16_t* w, int64_t k, int64_t j0, int64_t rows, int64_t q0, int64_t kc,
+            uint32_t* out) {
+  const int64_t npanels = (rows + 15) / 16;
+  for (int64_t p = 0; p < npanels; ++p) {
+    const int64_t prow = std::min<int64_t>(16, rows - 16 * p);
+    const uint16_t* src = w + (j0 + 16 * p) * k;
+    float* dst = reinterpret_cast<float*>(out + p * kc * 16);
+    for (int64_t c = 0; c < kc; c += 8) {
+      const int64_t kk = 2 * (q0 + c);
+      const int64_t nc = std::min<int64_t>(8, kc - c);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 r[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i)
+          r[i] = 8 * h + i < prow ? load_pairs(src + (8 * h + i) * k + kk, k - kk)
+                                  : _mm256_setzero_ps();
+        transpose8(r);
+        for (int64_t s = 0; s < nc; ++s) _mm256_storeu_ps(dst + (c + s) * 16 + 8 * h, r[s]);
+      }
+    }
+  }
+}
+
+struct FmaTraits {
+  static constexpr int64_t kNB = 64;    // W rows per block (4 panels)
+  static constexpr int64_t kKCP = 128;  // k pairs per block: 4 panels x 128 x 64 B = 32 KB
+  static constexpr int kMR = 4;
+  using XElem = float;
+  static constexpr int64_t kXPerPair = 2;
+  static constexpr int64_t kLdx = kKCP * kXPerPair;
+
+  // MR x NP tile; 2*NP halves of 8 columns. MR=4,NP=1 and MR=1,NP=2 keep
+  // accumulators + widened weights in 14 of the 16 registers.
+  template <int MR, int NP>
+  static void tile(int rows, const float* xb, const uint32_t* panels, int64_t pstride, int64_t kc,
+                   float* y, int64_t ldy, int64_t jbase, int64_t jlo, int64_t jhi,
+                   bool accumulate) {
+    constexpr int H = 2 * NP;
+    int64_t first[H], count[H];  // valid lanes [first, count) of each half
+#pragma GCC unroll 8
+    for (int h = 0; h < H; ++h) {
+      const int64_t lo = jbase + 8 * h;
+      first[h] = std::clamp<int64_t>(jlo - lo, 0, 8);
+      count[h] = std::clamp<int64_t>(jhi - lo, 0, 8);
+    }
+    __m256 acc[MR][H];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h)
+        acc[r][h] = accumulate && r < rows
+                        ? load_range(y + r * ldy + jbase + 8 * h, first[h], count[h])
+                        : _mm256_setzero_ps();
+    const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+    for (int64_t q = 0; q < kc; ++q) {
+      __m256 we[H], wo[H];
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) {
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(panels + (h / 2) * pstride + q * 16 + 8 * (h % 2)));
+        we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xe = _mm256_broadcast_ss(xb + r * kLdx + 2 * q);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xe, we[h], acc[r][h]);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xo = _mm256_broadcast_ss(xb + r * kLdx + 2 * q + 1);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xo, wo[h], acc[r][h]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      if (r >= rows) continue;
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) {
+        store_range(y + r * ldy + jbase + 8 * h, acc[r][h], first[h], count[h]);
+      }
+    }
+  }
+
+  template <int MR, int NPMAX>
+  static void sweep(int rows, const float* xb, const uint32_t* panels, int64_t pstride,
+                    int64_t npanels, int64_t kc, float* y, int64_t ldy, int64_t jbase, int64_t jlo,
+                    int64_t jhi, bool accumulate) {
+    for (int64_t p = 0; p < npanels; p += NPMAX) {
+      with_panels<NPMAX>(int(std::min<int64_t>(NPMAX, npanels - p)), [&]<int NP>() {
+        tile<MR, NP>(rows, xb, panels + p * pstride, pstride, kc, y, ldy, jbase + 16 * p, jlo, jhi,
+                     accumulate);
+      });
+    }
+  }
+
+  static void strip(int rows, const float* xb, const uint32_t* panels, int64_t pstride,
+                    int64_t npanels, int64_t kc, float* y, int64_t ldy, int64_t jbase, int64_t jlo,
+                    int64_t jhi, bool accumulate) {
+    if (rows >= 2)
+      sweep<4, 1>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
+    else
+      sweep<1, 2>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
+  }
+
+  static void pack_w(const uint16_t* w, int64_t k, int64_t j0, int64_t rows, int64_t q0, int64_t kc,
+                     uint32_t* out) {
+    avx2::pack_w(w, k, j0, rows, q0, kc, out);
+  }
+
+  // x strip as FP32: xb[r * kLdx + e] = x[r, 2 q0 + e]; zeros past k or rows.
+  static void pack_x(const uint16_t* x, int64_t ldx, int rows, int64_t k, int64_t q0, int64_t kc,
+                     float* xb) {
+    const int64_t kk = 2 * q0, cnt = std::min(2 * kc, k - kk);
+    for (int r = 0; r < kMR; ++r) {
+      float* d = xb + r * kLdx;
+      const uint16_t* s = x + r * ldx + kk;
+      for (int64_t e = 0; e < 2 * kc; e += 8)
+        _mm256_storeu_ps(d + e, r < rows ? load_bf16_part(s + e, cnt - e) : _mm256_setzero_ps());
+    }
+  }
+};
+
+}  // namespace
+
+void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
+               int64_t m, int64_t n0, int64_t n1) {
+  gemm_blocked<FmaTraits>(x, ldx, w, nullptr, k, y, ldy, m, n0, n1);
+}
+
+void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
+                      int64_t ldy, int64_t m, int64_t n0, int64_t n1) {
+  gemm_blocked<FmaTraits>(x, ldx, nullptr, wp, k, y, ldy, m, n0, n1);
+}
+
+void pack_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* wp) {
+  pack_w(w, k, 0, n, 0, (k + 1) / 2, reinterpret_cast<uint32_t*>(wp));
+}
+
+float peak_probe(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(float(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  return hsum(s);
+}
+
+}  // namespace kvant::kernels::avx2

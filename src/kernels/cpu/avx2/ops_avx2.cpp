@@ -1,0 +1,201 @@
+// AVX2 row kernels: BF16 conversions, rmsnorm, gated activations, softmax and
+// the attention helpers (contracts in kernels.h). Lane sums reduce through
+// avx2::hsum's fixed tree; a row's lanes depend only on its own length, so
+// results are deterministic and independent of batching.
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/avx2/avx2.h"
+#include "kernels/cpu/avx2/avx2_common.h"
+
+namespace kvant::kernels::avx2 {
+namespace {
+
+// 8 FP32 -> 8 BF16 (as dwords), round to nearest even, NaN -> quiet NaN.
+inline __m256i round_bf16(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  // Both sides are below 2^31, so the signed compare is an unsigned one.
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+inline uint16_t round_bf16_scalar(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline __m256 gated(__m256 g, __m256 up, __m256 z) {
+  const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), exp_ps(z));
+  return _mm256_mul_ps(_mm256_div_ps(g, den), up);
+}
+
+}  // namespace
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = round_bf16(_mm256_loadu_ps(src + i));
+    const __m256i b = round_bf16(_mm256_loadu_ps(src + i + 8));
+    // packus works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute restores order.
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = round_bf16_scalar(src[i]);
+}
+
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16(src + i));
+  if (i < n) store_part(dst + i, load_bf16_part(src + i, n - i), n - i);
+}
+
+void rmsnorm(const float* x, const float* w, float w_offset, float eps, float* y, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = load_part(x + i, n - i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const float inv = 1.f / std::sqrt(hsum(acc) / float(n) + eps);
+  const __m256 s = _mm256_set1_ps(inv), off = _mm256_set1_ps(w_offset);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_mul_ps(load_part(x + i, n - i), s);
+    store_part(y + i, _mm256_mul_ps(v, _mm256_add_ps(load_part(w + i, n - i), off)), n - i);
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = load_part(gate + i, n - i);
+    const __m256 z = _mm256_sub_ps(_mm256_setzero_ps(), g);
+    store_part(out + i, gated(g, load_part(up + i, n - i), z), n - i);
+  }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  // 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)): no cancellation for negative g.
+  const __m256 c2 = _mm256_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm256_set1_ps(0.044715f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = load_part(gate + i, n - i);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(c3, g), _mm256_mul_ps(g, g), g);
+    store_part(out + i, gated(g, load_part(up + i, n - i), _mm256_mul_ps(c2, inner)), n - i);
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const __m256 ninf = _mm256_set1_ps(kNegInf);
+  __m256 mx = ninf;
+  for (int64_t i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, load_part_fill(x + i, n - i, ninf));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float mxs = _mm_cvtss_f32(m4);  // max is exact in any order
+  if (mxs == kNegInf) {
+    for (int64_t i = 0; i < n; i += 8) store_part(x + i, _mm256_setzero_ps(), n - i);
+    return;
+  }
+  const __m256 vmx = _mm256_set1_ps(mxs);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(load_part_fill(x + i, n - i, ninf), vmx));
+    sum = _mm256_add_ps(sum, e);  // lanes past n are exp(-inf) = 0
+    store_part(x + i, e, n - i);
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / hsum(sum));
+  for (int64_t i = 0; i < n; i += 8)
+    store_part(x + i, _mm256_mul_ps(load_part(x + i, n - i), inv), n - i);
+}
+
+void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
+                 float scale, float* scores) {
+  // Four rows at a time share the q loads; each row keeps its own accumulator
+  // and chunk order, the same as when it runs alone.
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t d = 0; d < head_dim; d += 8) {
+      const __m256 qv = load_part(q + d, head_dim - d);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r)
+        acc[r] = _mm256_fmadd_ps(qv, load_bf16_part(k + (t + r) * ldk + d, head_dim - d), acc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) scores[t + r] = hsum(acc[r]) * scale;
+  }
+  for (; t < n; ++t) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 8)
+      acc = _mm256_fmadd_ps(load_part(q + d, head_dim - d),
+                            load_bf16_part(k + t * ldk + d, head_dim - d), acc);
+    scores[t] = hsum(acc) * scale;
+  }
+}
+
+namespace {
+// out[d0 : d0 + 8C] (last chunk clipped to `last` lanes), sequential over t.
+template <int C>
+void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t d0,
+                        int64_t last, float* out) {
+  __m256 acc[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pt = _mm256_broadcast_ss(p + t);
+    const uint16_t* vt = v + t * ldv + d0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 vv = c == C - 1 ? load_bf16_part(vt + 8 * c, last) : load_bf16(vt + 8 * c);
+      acc[c] = _mm256_fmadd_ps(pt, vv, acc[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) store_part(out + d0 + 8 * c, acc[c], c == C - 1 ? last : 8);
+}
+}  // namespace
+
+void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
+                       float* out) {
+  constexpr int64_t kBlock = 8 * 8;  // 8 accumulators per pass over t
+  for (int64_t d0 = 0; d0 < head_dim; d0 += kBlock) {
+    const int64_t width = std::min(kBlock, head_dim - d0);
+    const int chunks = int((width + 7) / 8);
+    const int64_t last = width - 8 * (chunks - 1);
+    switch (chunks) {
+      case 1:
+        weighted_sum_block<1>(p, v, ldv, n, d0, last, out);
+        break;
+      case 2:
+        weighted_sum_block<2>(p, v, ldv, n, d0, last, out);
+        break;
+      case 3:
+        weighted_sum_block<3>(p, v, ldv, n, d0, last, out);
+        break;
+      case 4:
+        weighted_sum_block<4>(p, v, ldv, n, d0, last, out);
+        break;
+      case 5:
+        weighted_sum_block<5>(p, v, ldv, n, d0, last, out);
+        break;
+      case 6:
+        weighted_sum_block<6>(p, v, ldv, n, d0, last, out);
+        break;
+      case 7:
+        weighted_sum_block<7>(p, v, ldv, n, d0, last, out);
+        break;
+      default:
+        weighted_sum_block<8>(p, v, ldv, n, d0, last, out);
+        break;
+    }
+  }
+}
+
+}  // namespace kvant::kernels::avx2

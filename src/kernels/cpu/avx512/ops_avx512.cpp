@@ -1,0 +1,205 @@
+// AVX-512 row kernels: BF16 conversions, rmsnorm, gated activations, softmax
+// and the attention helpers (contracts in kernels.h). Lane sums always reduce
+// through avx512::hsum's fixed tree, and a row's lanes depend only on its own
+// length, so results are deterministic and independent of batching.
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/avx512/avx512.h"
+#include "kernels/cpu/avx512/avx512_common.h"
+
+namespace kvant::kernels::avx512 {
+namespace {
+
+// 16 FP32 -> 16 BF16 (as dwords), round to nearest even, NaN -> quiet NaN.
+inline __m512i round_bf16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+// g * up / (1 + exp(-s * g')) where the caller supplies z = -s * g'.
+inline __m512 gated(__m512 g, __m512 up, __m512 z) {
+  const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(z));
+  return _mm512_mul_ps(_mm512_div_ps(g, den), up);
+}
+
+}  // namespace
+
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_mask_cvtepi32_storeu_epi16(dst + i, 0xffff, round_bf16(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 m = mask16(n - i);
+    _mm512_mask_cvtepi32_storeu_epi16(dst + i, m, round_bf16(_mm512_maskz_loadu_ps(m, src + i)));
+  }
+}
+
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_bf16(src + i));
+  if (i < n) {
+    const __mmask16 m = mask16(n - i);
+    _mm512_mask_storeu_ps(dst + i, m, maskz_load_bf16(m, src + i));
+  }
+}
+
+void rmsnorm(const float* x, const float* w, float w_offset, float eps, float* y, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(mask16(n - i), x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const float inv = 1.f / std::sqrt(hsum(acc) / float(n) + eps);
+  const __m512 s = _mm512_set1_ps(inv), off = _mm512_set1_ps(w_offset);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s);
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_mul_ps(v, _mm512_add_ps(_mm512_maskz_loadu_ps(m, w + i), off)));
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 z = _mm512_sub_ps(_mm512_setzero_ps(), g);
+    _mm512_mask_storeu_ps(out + i, m, gated(g, _mm512_maskz_loadu_ps(m, up + i), z));
+  }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  // 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)): no cancellation for negative g.
+  const __m512 c2 = _mm512_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm512_set1_ps(0.044715f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(c3, g), _mm512_mul_ps(g, g), g);
+    _mm512_mask_storeu_ps(out + i, m,
+                          gated(g, _mm512_maskz_loadu_ps(m, up + i), _mm512_mul_ps(c2, inner)));
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mx = ninf;
+  for (int64_t i = 0; i < n; i += 16)
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, mask16(n - i), x + i));
+  const float mxs = _mm512_reduce_max_ps(mx);  // max is exact in any order
+  if (mxs == -std::numeric_limits<float>::infinity()) {
+    for (int64_t i = 0; i < n; i += 16)
+      _mm512_mask_storeu_ps(x + i, mask16(n - i), _mm512_setzero_ps());
+    return;
+  }
+  const __m512 vmx = _mm512_set1_ps(mxs);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, m, x + i), vmx));
+    sum = _mm512_add_ps(sum, e);  // masked-off lanes are exp(-inf) = 0
+    _mm512_mask_storeu_ps(x + i, m, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / hsum(sum));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = mask16(n - i);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+  }
+}
+
+void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
+                 float scale, float* scores) {
+  // Four rows at a time share the q loads; each row keeps its own accumulator
+  // and chunk order, the same as when it runs alone.
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __mmask16 m = mask16(head_dim - d);
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r)
+        acc[r] = _mm512_fmadd_ps(qv, maskz_load_bf16(m, k + (t + r) * ldk + d), acc[r]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) scores[t + r] = hsum(acc[r]) * scale;
+  }
+  for (; t < n; ++t) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __mmask16 m = mask16(head_dim - d);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), maskz_load_bf16(m, k + t * ldk + d),
+                            acc);
+    }
+    scores[t] = hsum(acc) * scale;
+  }
+}
+
+namespace {
+// out[d0 : d0 + 16C] (last chunk clipped to `last` lanes), sequential over t.
+template <int C>
+void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t d0,
+                        __mmask16 last, float* out) {
+  __m512 acc[C];
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __m512 pt = _mm512_set1_ps(p[t]);
+    const uint16_t* vt = v + t * ldv + d0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512 vv = c == C - 1 ? maskz_load_bf16(last, vt + 16 * c) : load_bf16(vt + 16 * c);
+      acc[c] = _mm512_fmadd_ps(pt, vv, acc[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c)
+    _mm512_mask_storeu_ps(out + d0 + 16 * c, c == C - 1 ? last : __mmask16(0xffff), acc[c]);
+}
+}  // namespace
+
+void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
+                       float* out) {
+  constexpr int64_t kBlock = 8 * 16;  // 8 accumulators per pass over t
+  for (int64_t d0 = 0; d0 < head_dim; d0 += kBlock) {
+    const int64_t width = std::min(kBlock, head_dim - d0);
+    const int chunks = int((width + 15) / 16);
+    const __mmask16 last = mask16(width - 16 * (chunks - 1));
+    switch (chunks) {
+      case 1:
+        weighted_sum_block<1>(p, v, ldv, n, d0, last, out);
+        break;
+      case 2:
+        weighted_sum_block<2>(p, v, ldv, n, d0, last, out);
+        break;
+      case 3:
+        weighted_sum_block<3>(p, v, ldv, n, d0, last, out);
+        break;
+      case 4:
+        weighted_sum_block<4>(p, v, ldv, n, d0, last, out);
+        break;
+      case 5:
+        weighted_sum_block<5>(p, v, ldv, n, d0, last, out);
+        break;
+      case 6:
+        weighted_sum_block<6>(p, v, ldv, n, d0, last, out);
+        break;
+      case 7:
+        weighted_sum_block<7>(p, v, ldv, n, d0, last, out);
+        break;
+      default:
+        weighted_sum_block<8>(p, v, ldv, n, d0, last, out);
+        break;
+    }
+  }
+}
+
+}  // namespace kvant::kernels::avx512

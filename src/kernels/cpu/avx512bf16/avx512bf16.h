@@ -1,0 +1,14 @@
+// Entry points of the AVX512_BF16 GEMM (VDPBF16PS), for dispatch.cpp only.
+// The Avx512Bf16 table takes every other entry from avx512/.
+#pragma once
+
+#include <cstdint>
+
+namespace kvant::kernels::avx512bf16 {
+void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
+               int64_t m, int64_t n0, int64_t n1);
+void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
+                      int64_t ldy, int64_t m, int64_t n0, int64_t n1);
+float peak_probe(int64_t iters);
+inline constexpr int64_t kPeakFlopsPerIter = 24 * 32 * 2;  // 24 chains x 16 lanes x 2 pairs
+}  // namespace kvant::kernels::avx512bf16
