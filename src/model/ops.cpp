@@ -23,9 +23,9 @@ void to_bf16(const float* x, int64_t ld, uint16_t* xb, int64_t ldb, int64_t rows
 }
 
 void rmsnorm(const float* x, const float* w, float eps, float* out, int64_t n) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-  const float r = 1.f / std::sqrt(float(ss / double(n)) + eps);
+  float ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / float(n) + eps);
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 

@@ -5,7 +5,9 @@
 // bound the error relative to the logits' spread rather than demand equality.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -50,7 +52,7 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
 // Compares against one reference file; `tol` is the bound on max |diff| as a
 // fraction of the reference logits' standard deviation.
-void compare(Model& m, const std::string& name, const char* file, double tol) {
+void compare(Model& m, const std::string& name, const char* file, double tol, double median_tol) {
   const std::string dir = std::string(KVANT_FIXTURES) + "/golden/" + name;
   const auto& c = m.config();
   Golden g = read_golden(dir, c.vocab, file);
@@ -63,6 +65,16 @@ void compare(Model& m, const std::string& name, const char* file, double tol) {
   for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(got[i] - g.logits[i])));
   EXPECT_LE(max_diff, tol * sd) << name << " vs " << file << ": max |diff| " << max_diff << ", sd " << sd;
 
+  std::vector<double> row_max(g.ids.size(), 0.0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    double& r = row_max[i / size_t(c.vocab)];
+    r = std::max(r, double(std::fabs(got[i] - g.logits[i])));
+  }
+  std::sort(row_max.begin(), row_max.end());
+  const double median_row = row_max[row_max.size() / 2];
+  if (median_tol > 0)
+    EXPECT_LE(median_row, median_tol) << name << " vs " << file << ": median per-position max |diff|";
+
   int mismatched = 0;
   for (size_t t = 0; t < g.ids.size(); ++t) {
     const float* ref = g.logits.data() + t * size_t(c.vocab);
@@ -74,22 +86,24 @@ void compare(Model& m, const std::string& name, const char* file, double tol) {
     if (rb != ob && ref[rb] - second > 2 * max_diff) ++mismatched;
   }
   EXPECT_EQ(mismatched, 0) << name;
-  std::printf("[golden] %s vs %s: max |diff| %.5f (%.3f%% of logit sd %.3f)\n", name.c_str(), file,
-              max_diff, 100 * max_diff / sd, sd);
+  std::printf("[golden] %s vs %s: max |diff| %.5f (%.3f%% of logit sd %.3f), median position %.6f\n",
+              name.c_str(), file, max_diff, 100 * max_diff / sd, sd, median_row);
 }
 
 // Against the FP32 reference the difference is dominated by kvant rounding
 // activations to BF16 (~0.4% relative per product, compounding over layers):
 // bound 5% of the logit spread, and top-1 must agree wherever the reference's
 // top-2 margin exceeds twice the observed error. Against the reference that
-// rounds linear inputs to BF16 as kvant does, only accumulation order and
-// transcendental functions differ: bound 0.5%.
+// rounds linear inputs to BF16 as kvant does, most positions agree to float
+// noise (median per-position max |diff| <= 1e-3); the rest differ where an
+// activation sat on a BF16 rounding boundary and the two sides rounded it
+// apart (one BF16 ulp, then propagated): bound 2.5% of the spread.
 TEST_P(GoldenTest, LogitsMatchTransformers) {
   const std::string dir = std::string(KVANT_FIXTURES) + "/golden/" + GetParam();
   auto m = Model::load(dir);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  compare(**m, GetParam(), "logits.f32", 0.05);
-  compare(**m, GetParam(), "logits_bf16act.f32", 0.005);
+  compare(**m, GetParam(), "logits.f32", 0.05, 0);
+  compare(**m, GetParam(), "logits_bf16act.f32", 0.025, 1e-3);
 }
 
 TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
