@@ -13,7 +13,8 @@
 using namespace kvant;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  (void)parse_safetensors_index(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.index.json");
+  (void)parse_safetensors_index(std::string_view(reinterpret_cast<const char*>(data), size),
+                                "fuzz.index.json");
   auto f = SafetensorsFile::parse({data, size}, "fuzz.safetensors");
   if (!f) {
     if (f.error().message.empty()) std::abort();

@@ -188,24 +188,46 @@ void dequant_q6_k(const uint8_t* src, float* y, int64_t nb) {
   }
 }
 
+using BlockDecoder = void (*)(const uint8_t* src, float* y, int64_t n_blocks);
+
+BlockDecoder block_decoder(DType t) {
+  // clang-format off
+  switch (t) {
+    case DType::Q4_0: return dequant_q4_0;
+    case DType::Q4_1: return dequant_q4_1;
+    case DType::Q5_0: return dequant_q5_0;
+    case DType::Q5_1: return dequant_q5_1;
+    case DType::Q8_0: return dequant_q8_0;
+    case DType::Q2_K: return dequant_q2_k;
+    case DType::Q3_K: return dequant_q3_k;
+    case DType::Q4_K: return dequant_q4_k;
+    case DType::Q5_K: return dequant_q5_k;
+    case DType::Q6_K: return dequant_q6_k;
+    default: return nullptr;
+  }
+  // clang-format on
+}
+
 }  // namespace
 
 bool dequant_supported(DType t) {
   switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::F8_E4M3:
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
-    case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::F8_E4M3:
       return true;
     default:
-      return false;
+      return block_decoder(t) != nullptr;
   }
 }
 
 void dequantize_row(DType t, const uint8_t* src, float* dst, int64_t n) {
   if (n <= 0) return;
-  const int64_t nb = n / int64_t(dtype_info(t).block_elems ? dtype_info(t).block_elems : 1);
   switch (t) {
-    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, size_t(n) * 4);
+      return;
     case DType::F16:
       for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(load_u16(src + 2 * i));
       return;
@@ -217,17 +239,9 @@ void dequantize_row(DType t, const uint8_t* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
       return;
     }
-    case DType::Q4_0: dequant_q4_0(src, dst, nb); return;
-    case DType::Q4_1: dequant_q4_1(src, dst, nb); return;
-    case DType::Q5_0: dequant_q5_0(src, dst, nb); return;
-    case DType::Q5_1: dequant_q5_1(src, dst, nb); return;
-    case DType::Q8_0: dequant_q8_0(src, dst, nb); return;
-    case DType::Q2_K: dequant_q2_k(src, dst, nb); return;
-    case DType::Q3_K: dequant_q3_k(src, dst, nb); return;
-    case DType::Q4_K: dequant_q4_k(src, dst, nb); return;
-    case DType::Q5_K: dequant_q5_k(src, dst, nb); return;
-    case DType::Q6_K: dequant_q6_k(src, dst, nb); return;
-    default: return;  // callers check dequant_supported first
+    default:
+      // Callers check dequant_supported first; an unsupported type writes nothing.
+      if (BlockDecoder f = block_decoder(t)) f(src, dst, n / int64_t(dtype_info(t).block_elems));
   }
 }
 
@@ -261,11 +275,12 @@ Result<void> dequantize(DType t, std::span<const uint8_t> src, std::span<float> 
     return make_error(what + ": no FP32 conversion for dtype " + dtype_name(t));
   const size_t need = dtype_bytes(t, dst.size());
   if (need == std::numeric_limits<size_t>::max())
-    return make_error(what + ": " + std::to_string(dst.size()) + " values are not a whole number of " +
-                      dtype_name(t) + " blocks");
+    return make_error(what + ": " + std::to_string(dst.size()) +
+                      " values are not a whole number of " + dtype_name(t) + " blocks");
   if (need != src.size())
-    return make_error(what + ": " + std::to_string(dst.size()) + " " + dtype_name(t) + " values need " +
-                      std::to_string(need) + " bytes, the tensor has " + std::to_string(src.size()));
+    return make_error(what + ": " + std::to_string(dst.size()) + " " + dtype_name(t) +
+                      " values need " + std::to_string(need) + " bytes, the tensor has " +
+                      std::to_string(src.size()));
   dequantize_row(t, src.data(), dst.data(), int64_t(dst.size()));
   return {};
 }

@@ -9,8 +9,28 @@
 namespace kvant {
 
 enum class DType : uint8_t {
-  F32, F16, BF16, F64, I8, I16, I32, I64, U8, F8_E4M3, F8_E5M2,
-  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+  F32,
+  F16,
+  BF16,
+  F64,
+  I8,
+  I16,
+  I32,
+  I64,
+  U8,
+  F8_E4M3,
+  F8_E5M2,
+  Q4_0,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q8_0,
+  Q2_K,
+  Q3_K,
+  Q4_K,
+  Q5_K,
+  Q6_K,
+  Q8_K,
   Unknown,
 };
 

@@ -18,8 +18,19 @@
 namespace kvant {
 
 enum class GgufType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7,
-  String = 8, Array = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  Bool = 7,
+  String = 8,
+  Array = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 
 struct GgufValue {
@@ -45,7 +56,7 @@ struct GgufTensor {
   std::vector<int64_t> shape;  // outermost first (numpy order): GGUF's ne reversed
   DType dtype = DType::Unknown;
   uint32_t ggml_type = 0;
-  uint64_t offset = 0;   // absolute offset in the file
+  uint64_t offset = 0;  // absolute offset in the file
   uint64_t nbytes = 0;
   int64_t numel() const;
 };

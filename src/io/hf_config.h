@@ -2,9 +2,8 @@
 // (architecture, sizes, rope settings) is model/'s job.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/result.h"
 

@@ -20,11 +20,14 @@ size_t find_too_deep(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
+    if (c == '"')
+      in_string = true;
     else if (c == '[' || c == '{') {
       if (++depth > kMaxJsonDepth) return i;
     } else if (c == ']' || c == '}') {
@@ -46,7 +49,9 @@ Result<nlohmann::json> parse_json_text(std::string_view text, const std::string&
   using Json = nlohmann::json;
   Json::parser_callback_t cb = [&](int, Json::parse_event_t ev, Json& parsed) {
     switch (ev) {
-      case Json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
       case Json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
@@ -55,7 +60,8 @@ Result<nlohmann::json> parse_json_text(std::string_view text, const std::string&
             !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
           duplicate = parsed.get<std::string>();
         break;
-      default: break;
+      default:
+        break;
     }
     return true;
   };

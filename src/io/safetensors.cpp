@@ -31,14 +31,17 @@ Result<SafetensorsTensor> parse_entry(const std::string& file, const std::string
   t.name = key;
 
   auto dt = e.find("dtype");
-  if (dt == e.end() || !dt->is_string()) return make_error(what + ": field dtype missing or not a string");
+  if (dt == e.end() || !dt->is_string())
+    return make_error(what + ": field dtype missing or not a string");
   t.dtype = dtype_from_safetensors(dt->get<std::string>());
   if (t.dtype == DType::Unknown)
     return make_error(what + ": field dtype has unknown value \"" + dt->get<std::string>() + "\"");
 
   auto sh = e.find("shape");
-  if (sh == e.end() || !sh->is_array()) return make_error(what + ": field shape missing or not an array");
-  if (sh->size() > kMaxRank) return make_error(what + ": field shape has " + str(sh->size()) + " dimensions");
+  if (sh == e.end() || !sh->is_array())
+    return make_error(what + ": field shape missing or not an array");
+  if (sh->size() > kMaxRank)
+    return make_error(what + ": field shape has " + str(sh->size()) + " dimensions");
   const uint64_t elem = dtype_info(t.dtype).block_bytes;
   // Keeps numel * elem far from overflow; no real tensor comes near 2^56 bytes.
   const uint64_t max_numel = (1ull << 56) / elem;
@@ -59,16 +62,18 @@ Result<SafetensorsTensor> parse_entry(const std::string& file, const std::string
     return make_error(what + ": field data_offsets must be two non-negative integers");
   const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
   if (begin > end)
-    return make_error(what + ": data_offsets [" + str(begin) + ", " + str(end) + ") end before they begin");
+    return make_error(what + ": data_offsets [" + str(begin) + ", " + str(end) +
+                      ") end before they begin");
   if (end > data_size)
     return make_error(what + ": data [" + str(data_offset + begin) + ", " + str(data_offset + end) +
                       ") runs past the end of the file at offset " + str(data_offset + data_size) +
                       "; the file is truncated");
   t.nbytes = end - begin;
   if (numel * elem != t.nbytes)
-    return make_error(what + ": shape holds " + str(numel) + " " + dtype_name(t.dtype) + " values (" +
-                      str(numel * elem) + " bytes) but data_offsets [" + str(begin) + ", " + str(end) +
-                      ") span " + str(t.nbytes) + " bytes, at offset " + str(data_offset + begin));
+    return make_error(what + ": shape holds " + str(numel) + " " + dtype_name(t.dtype) +
+                      " values (" + str(numel * elem) + " bytes) but data_offsets [" + str(begin) +
+                      ", " + str(end) + ") span " + str(t.nbytes) + " bytes, at offset " +
+                      str(data_offset + begin));
   t.offset = data_offset + begin;
   return t;
 }
@@ -84,7 +89,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   return r;
 }
 
-Result<SafetensorsFile> SafetensorsFile::parse(std::span<const uint8_t> bytes, const std::string& name) {
+Result<SafetensorsFile> SafetensorsFile::parse(std::span<const uint8_t> bytes,
+                                               const std::string& name) {
   SafetensorsFile f;
   f.bytes_ = bytes;
   f.name_ = name;
@@ -94,8 +100,9 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::span<const uint8_t> bytes, c
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
   if (n > bytes.size() - 8)
-    return make_error(name + ": header length " + str(n) + " at offset 0 runs past the end of the file (" +
-                      str(bytes.size()) + " bytes)");
+    return make_error(name + ": header length " + str(n) +
+                      " at offset 0 runs past the end of the file (" + str(bytes.size()) +
+                      " bytes)");
   if (n > kMaxSafetensorsHeader)
     return make_error(name + ": header length " + str(n) + " at offset 0 exceeds the " +
                       str(kMaxSafetensorsHeader) + "-byte limit");
@@ -104,8 +111,9 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::span<const uint8_t> bytes, c
   f.data_offset_ = 8 + n;
   const uint64_t data_size = bytes.size() - f.data_offset_;
 
-  auto parsed = parse_json_text(std::string_view(reinterpret_cast<const char*>(bytes.data() + 8), size_t(n)),
-                                name + ": header", 8);
+  auto parsed =
+      parse_json_text(std::string_view(reinterpret_cast<const char*>(bytes.data() + 8), size_t(n)),
+                      name + ": header", 8);
   if (!parsed) return parsed.error();
   const Json& h = *parsed;
   if (!h.is_object()) return make_error(name + ": header at offset 8 is not a JSON object");
@@ -136,8 +144,9 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::span<const uint8_t> bytes, c
     if (t.nbytes == 0) continue;
     if (prev && t.offset < prev->offset + prev->nbytes)
       return make_error(name + ": tensors \"" + prev->name + "\" [" + str(prev->offset) + ", " +
-                        str(prev->offset + prev->nbytes) + ") and \"" + t.name + "\" [" + str(t.offset) +
-                        ", " + str(t.offset + t.nbytes) + ") overlap at offset " + str(t.offset));
+                        str(prev->offset + prev->nbytes) + ") and \"" + t.name + "\" [" +
+                        str(t.offset) + ", " + str(t.offset + t.nbytes) + ") overlap at offset " +
+                        str(t.offset));
     prev = &t;
   }
   return f;
@@ -154,18 +163,20 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const st
   const Json& j = *parsed;
   if (!j.is_object()) return make_error(name + ": not a JSON object");
   auto wm = j.find("weight_map");
-  if (wm == j.end() || !wm->is_object()) return make_error(name + ": field weight_map missing or not an object");
+  if (wm == j.end() || !wm->is_object())
+    return make_error(name + ": field weight_map missing or not an object");
   SafetensorsIndex idx;
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
-      return make_error(name + ": weight_map entry for tensor \"" + it.key() + "\" is not a string");
+      return make_error(name + ": weight_map entry for tensor \"" + it.key() +
+                        "\" is not a string");
     std::string shard = it->get<std::string>();
     // Shards are plain file names beside the index; anything else could
     // reach outside the model directory.
     if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
         shard.find('\\') != std::string::npos || shard.find('\0') != std::string::npos)
-      return make_error(name + ": weight_map entry for tensor \"" + it.key() + "\" names shard \"" + shard +
-                        "\", which is not a plain file name");
+      return make_error(name + ": weight_map entry for tensor \"" + it.key() + "\" names shard \"" +
+                        shard + "\", which is not a plain file name");
     idx.weight_map.emplace(it.key(), std::move(shard));
   }
   return idx;

@@ -31,7 +31,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 class SafetensorsSource final : public TensorSource {
  public:
-  static Result<std::unique_ptr<TensorSource>> make(std::vector<SafetensorsFile> shards, std::string path) {
+  static Result<std::unique_ptr<TensorSource>> make(std::vector<SafetensorsFile> shards,
+                                                    std::string path) {
     std::unique_ptr<SafetensorsSource> s(new SafetensorsSource());
     s->path_ = std::move(path);
     s->shards_ = std::move(shards);
@@ -65,12 +66,13 @@ class SafetensorsSource final : public TensorSource {
     const std::string what = shards_[entries_[i].shard].path() + ": tensor \"" + t.name + "\"";
     const int64_t rows = num_rows(*own), len = row_length(*own);
     if (begin < 0 || end < begin || end > rows)
-      return make_error(what + ": row range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                        ") outside its " + std::to_string(rows) + " rows");
+      return make_error(what + ": row range [" + std::to_string(begin) + ", " +
+                        std::to_string(end) + ") outside its " + std::to_string(rows) + " rows");
     if (out.size() != uint64_t((end - begin) * len))
       return make_error(what + ": output holds " + std::to_string(out.size()) + " values, " +
                         std::to_string((end - begin) * len) + " needed");
-    if (entries_[i].scale < 0) return dequantize_range(own->dtype, own->data, begin * len, end * len, out, what);
+    if (entries_[i].scale < 0)
+      return dequantize_range(own->dtype, own->data, begin * len, end * len, out, what);
     read_block_scaled(*own, refs_[size_t(entries_[i].scale)], begin, end, out.data());
     return {};
   }
@@ -88,7 +90,8 @@ class SafetensorsSource final : public TensorSource {
     auto it = index_.find(w.name + kScaleSuffix);
     if (it == index_.end()) return {};
     const TensorRef& s = refs_[it->second];
-    const std::string what = shards_[entries_[it->second].shard].path() + ": tensor \"" + s.name + "\"";
+    const std::string what =
+        shards_[entries_[it->second].shard].path() + ": tensor \"" + s.name + "\"";
     if (s.dtype != DType::F32 && s.dtype != DType::BF16)
       return make_error(what + ": block scales must be F32 or BF16, not " + dtype_name(s.dtype));
     const size_t r = w.shape.size();
@@ -98,14 +101,16 @@ class SafetensorsSource final : public TensorSource {
       want[r - 1] = (w.shape[r - 1] + kScaleBlock - 1) / kScaleBlock;
     }
     if (r < 2 || s.shape != want)
-      return make_error(what + ": shape " + shape_str(s.shape) + " does not give one scale per 128x128 block of \"" +
-                        w.name + "\" " + shape_str(w.shape) + (r < 2 ? "" : " (expected " + shape_str(want) + ")"));
+      return make_error(what + ": shape " + shape_str(s.shape) +
+                        " does not give one scale per 128x128 block of \"" + w.name + "\" " +
+                        shape_str(w.shape) + (r < 2 ? "" : " (expected " + shape_str(want) + ")"));
     entries_[i].scale = int64_t(it->second);
     return {};
   }
 
   // Rows [begin, end) of an FP8 weight [..., R, C] times its block scales.
-  static void read_block_scaled(const TensorRef& w, const TensorRef& s, int64_t begin, int64_t end, float* out) {
+  static void read_block_scaled(const TensorRef& w, const TensorRef& s, int64_t begin, int64_t end,
+                                float* out) {
     const size_t r = w.shape.size();
     const int64_t R = w.shape[r - 2], C = w.shape[r - 1];
     const int64_t SR = s.shape[r - 2], SC = s.shape[r - 1];
@@ -151,8 +156,8 @@ Result<std::unique_ptr<TensorSource>> open_index(const std::string& index_path) 
   auto m = MappedFile::open(index_path);
   if (!m) return m.error();
   const auto b = m->bytes();
-  auto idx = parse_safetensors_index(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()),
-                                     index_path);
+  auto idx = parse_safetensors_index(
+      std::string_view(reinterpret_cast<const char*>(b.data()), b.size()), index_path);
   if (!idx) return idx.error();
   if (idx->weight_map.empty()) return make_error(index_path + ": weight_map is empty");
   const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
@@ -171,8 +176,8 @@ Result<std::unique_ptr<TensorSource>> open_index(const std::string& index_path) 
   }
   for (const auto& [tensor, shard] : idx->weight_map)
     if (!shards[shard_pos[shard]].find(tensor))
-      return make_error(index_path + ": weight_map puts tensor \"" + tensor + "\" in shard \"" + shard +
-                        "\", which has no such tensor");
+      return make_error(index_path + ": weight_map puts tensor \"" + tensor + "\" in shard \"" +
+                        shard + "\", which has no such tensor");
   return make_safetensors_source(std::move(shards), index_path);
 }
 
@@ -190,8 +195,10 @@ Result<std::unique_ptr<TensorSource>> open_safetensors_source(const std::string&
     const fs::path dir(path);
     if (fs::exists(dir / "model.safetensors.index.json", ec))
       return open_index((dir / "model.safetensors.index.json").string());
-    if (fs::exists(dir / "model.safetensors", ec)) return open_single((dir / "model.safetensors").string());
-    return make_error(path + ": directory has neither model.safetensors nor model.safetensors.index.json");
+    if (fs::exists(dir / "model.safetensors", ec))
+      return open_single((dir / "model.safetensors").string());
+    return make_error(path +
+                      ": directory has neither model.safetensors nor model.safetensors.index.json");
   }
   if (path.ends_with(".json")) return open_index(path);
   return open_single(path);

@@ -17,8 +17,9 @@ Result<std::unique_ptr<TensorSource>> open_tensor_source(const std::string& path
   if (path.ends_with(".safetensors") || path.ends_with(".safetensors.index.json"))
     return open_safetensors_source(path);
   if (!std::filesystem::exists(path, ec)) return make_error(path + ": no such file or directory");
-  return make_error(path + ": unknown model file type (expected .gguf, .safetensors, "
-                           "model.safetensors.index.json or a directory)");
+  return make_error(path +
+                    ": unknown model file type (expected .gguf, .safetensors, "
+                    "model.safetensors.index.json or a directory)");
 }
 
 }  // namespace kvant

@@ -58,7 +58,8 @@ TEST(IoBrokenFiles, EveryCaseFailsWithAClearMessage) {
     ASSERT_FALSE(err.empty()) << "opened and read without error";
     EXPECT_EQ(err.find('\n'), std::string::npos) << err;
     EXPECT_NE(err.find(path), std::string::npos) << "path missing from: " << err;
-    for (const auto& e : c.expect) EXPECT_NE(err.find(e), std::string::npos) << "\"" << e << "\" missing from: " << err;
+    for (const auto& e : c.expect)
+      EXPECT_NE(err.find(e), std::string::npos) << "\"" << e << "\" missing from: " << err;
   }
 }
 

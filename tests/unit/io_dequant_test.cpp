@@ -51,9 +51,11 @@ TEST_P(DequantFixture, MatchesReferenceBitExactly) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    const bool same = std::isnan(want[i]) ? std::isnan(got[i])
-                                          : std::bit_cast<uint32_t>(want[i]) == std::bit_cast<uint32_t>(got[i]);
-    if (!same && ++bad <= 5) ADD_FAILURE() << name << " element " << i << ": got " << got[i] << " want " << want[i];
+    const bool same = std::isnan(want[i])
+                          ? std::isnan(got[i])
+                          : std::bit_cast<uint32_t>(want[i]) == std::bit_cast<uint32_t>(got[i]);
+    if (!same && ++bad <= 5)
+      ADD_FAILURE() << name << " element " << i << ": got " << got[i] << " want " << want[i];
   }
   EXPECT_EQ(bad, 0) << name;
 
@@ -67,8 +69,8 @@ TEST_P(DequantFixture, MatchesReferenceBitExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantFixture,
-                         ::testing::Values("F32", "F16", "BF16", "F8_E4M3", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                           "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
+                         ::testing::Values("F32", "F16", "BF16", "F8_E4M3", "Q4_0", "Q4_1", "Q5_0",
+                                           "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(Dequant, RejectsWrongSizesAndTypes) {
@@ -92,8 +94,9 @@ TEST(Dequant, RejectsWrongSizesAndTypes) {
 }
 
 TEST(Dequant, SupportedTypes) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::Q4_0, DType::Q4_1, DType::Q5_0,
-                  DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
+  for (DType t :
+       {DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+        DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K})
     EXPECT_TRUE(dequant_supported(t)) << dtype_name(t);
   for (DType t : {DType::F64, DType::I8, DType::F8_E5M2, DType::Q8_K, DType::Unknown})
     EXPECT_FALSE(dequant_supported(t)) << dtype_name(t);

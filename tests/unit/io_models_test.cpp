@@ -23,7 +23,8 @@ class IoModels : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(IoModels, DequantizesEveryTensor) {
   const std::string path = std::string(KVANT_MODELS) + "/" + GetParam();
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not present (scripts/fetch_model.sh all)";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " not present (scripts/fetch_model.sh all)";
   auto src = open_tensor_source(path);
   ASSERT_TRUE(src.ok()) << src.error().message;
   auto gguf = GgufFile::open(path);
@@ -62,15 +63,17 @@ TEST_P(IoModels, DequantizesEveryTensor) {
     ASSERT_TRUE((*src)->read_f32_rows(t, b, rows, part).ok()) << t.name;
     EXPECT_EQ(std::memcmp(part.data(), buf.data() + b * len, part.size() * 4), 0) << t.name;
   }
-  EXPECT_FALSE((*src)->read_f32_rows(tensors[0], 0, TensorSource::num_rows(tensors[0]) + 1, buf).ok());
+  EXPECT_FALSE(
+      (*src)->read_f32_rows(tensors[0], 0, TensorSource::num_rows(tensors[0]) + 1, buf).ok());
   std::string types;
   for (const auto& [k, v] : by_type) types += " " + k + "x" + std::to_string(v);
-  std::printf("%s: %zu tensors,%s; %.1f M values decoded in %.3f s on one thread\n", GetParam(), tensors.size(),
-              types.c_str(), double(total) / 1e6, seconds);
+  std::printf("%s: %zu tensors,%s; %.1f M values decoded in %.3f s on one thread\n", GetParam(),
+              tensors.size(), types.c_str(), double(total) / 1e6, seconds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gguf, IoModels,
-                         ::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"),
+                         ::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf",
+                                           "gemma-3-270m-q4_k_m.gguf"),
                          [](const auto& info) {
                            return std::string(info.index == 0 ? "SmolLM2" : "Gemma3");
                          });

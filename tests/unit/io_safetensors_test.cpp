@@ -135,7 +135,8 @@ TEST(Safetensors, HfConfig) {
 TEST(Safetensors, OpenTensorSourceRejectsUnknownPaths) {
   auto r = open_tensor_source(kSt + "single/config.json");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("unknown model file type"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("unknown model file type"), std::string::npos)
+      << r.error().message;
   auto m = open_tensor_source(kSt + "does_not_exist.safetensors");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("does_not_exist"), std::string::npos);
@@ -144,7 +145,8 @@ TEST(Safetensors, OpenTensorSourceRejectsUnknownPaths) {
 TEST(Safetensors, ParseFromBytes) {
   // Padding spaces after the JSON, a zero-size tensor, an empty header.
   auto ok = image(R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},)"
-                  R"("w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}   )", 4);
+                  R"("w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}   )",
+                  4);
   auto f = SafetensorsFile::parse(ok, "mem");
   ASSERT_TRUE(f.ok()) << f.error().message;
   EXPECT_EQ(f->tensors().size(), 2u);
@@ -161,12 +163,14 @@ TEST(Safetensors, ParseFromBytes) {
       {R"({"__metadata__":{"a":"x","a":"y"}})", 0, "duplicate JSON key \"a\""},
       {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4, "shape"},
       {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", 8, "data_offsets"},
-      {R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4, "too many elements"},
+      {R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})", 4,
+       "too many elements"},
       {R"({"w":[1]})", 0, "not a JSON object"},
       {R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4, "dtype"},
       {R"({"__metadata__":[]})", 0, "__metadata__"},
       {R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},)"
-       R"("v":{"dtype":"U8","shape":[4],"data_offsets":[3,7]}})", 8, "overlap at offset"},
+       R"("v":{"dtype":"U8","shape":[4],"data_offsets":[3,7]}})",
+       8, "overlap at offset"},
   };
   for (const auto& c : bad) {
     auto img = image(c.header, c.data);
@@ -180,9 +184,11 @@ TEST(Safetensors, ParseFromBytes) {
 TEST(Safetensors, ScalesValidatedWhenSourceIsMade) {
   // FP8 [2, 130] needs scales [1, 2]; a 1-D FP8 weight cannot have block scales.
   auto good = image(R"({"w":{"dtype":"F8_E4M3","shape":[2,130],"data_offsets":[0,260]},)"
-                    R"("w_scale_inv":{"dtype":"F32","shape":[1,2],"data_offsets":[260,268]}})", 268);
+                    R"("w_scale_inv":{"dtype":"F32","shape":[1,2],"data_offsets":[260,268]}})",
+                    268);
   auto bad = image(R"({"v":{"dtype":"F8_E4M3","shape":[8],"data_offsets":[0,8]},)"
-                   R"("v_scale_inv":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12);
+                   R"("v_scale_inv":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                   12);
   auto fg = SafetensorsFile::parse(good, "good");
   auto fb = SafetensorsFile::parse(bad, "bad");
   ASSERT_TRUE(fg.ok() && fb.ok());
