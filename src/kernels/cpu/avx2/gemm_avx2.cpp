@@ -68,16 +68,102 @@ void pack_w(const uint16_t* w, int64_t k, int64_t j0, int64_t rows, int64_t q0, 
   }
 }
 
+// The 6x1 tile's k loop in assembly: the intrinsic 4x1 tile leaves the FMA
+// chains latency-bound (about 50% of peak); six rows need all 16 registers,
+// which GCC 12 does not manage without spills. Same arithmetic as the generic
+// loop: per pair, the even-k FMAs of every accumulator, then the odd-k ones.
+// Registers: ymm0..11 accumulators (acc[6][2] row-major), ymm12..13 widened
+// weights, ymm14 the x broadcast, ymm15 the odd-half mask. x rows are
+// kLdx = 256 floats (1024 bytes) apart; one panel (64 bytes per pair); kc > 0.
+inline void fma_6x1(__m256* acc, const uint32_t* w, const float* x, int64_t kc) {
+  asm volatile(
+      "vmovups 0(%[a]), %%ymm0\n\t"
+      "vmovups 32(%[a]), %%ymm1\n\t"
+      "vmovups 64(%[a]), %%ymm2\n\t"
+      "vmovups 96(%[a]), %%ymm3\n\t"
+      "vmovups 128(%[a]), %%ymm4\n\t"
+      "vmovups 160(%[a]), %%ymm5\n\t"
+      "vmovups 192(%[a]), %%ymm6\n\t"
+      "vmovups 224(%[a]), %%ymm7\n\t"
+      "vmovups 256(%[a]), %%ymm8\n\t"
+      "vmovups 288(%[a]), %%ymm9\n\t"
+      "vmovups 320(%[a]), %%ymm10\n\t"
+      "vmovups 352(%[a]), %%ymm11\n\t"
+      "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
+      "vpslld $16, %%ymm15, %%ymm15\n\t"  // 0xffff0000 keeps the odd-k half
+      "1:\n\t"
+      "vpslld $16, 0(%[w]), %%ymm12\n\t"
+      "vpslld $16, 32(%[w]), %%ymm13\n\t"
+      "vbroadcastss 0(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
+      "vbroadcastss 1024(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
+      "vbroadcastss 2048(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
+      "vbroadcastss 3072(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
+      "vbroadcastss 4096(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
+      "vbroadcastss 5120(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
+      "vpand 0(%[w]), %%ymm15, %%ymm12\n\t"
+      "vpand 32(%[w]), %%ymm15, %%ymm13\n\t"
+      "vbroadcastss 4(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
+      "vbroadcastss 1028(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"
+      "vbroadcastss 2052(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"
+      "vbroadcastss 3076(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"
+      "vbroadcastss 4100(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"
+      "vbroadcastss 5124(%[x]), %%ymm14\n\t"
+      "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"
+      "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
+      "add $64, %[w]\n\t"
+      "add $8, %[x]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      "vmovups %%ymm0, 0(%[a])\n\t"
+      "vmovups %%ymm1, 32(%[a])\n\t"
+      "vmovups %%ymm2, 64(%[a])\n\t"
+      "vmovups %%ymm3, 96(%[a])\n\t"
+      "vmovups %%ymm4, 128(%[a])\n\t"
+      "vmovups %%ymm5, 160(%[a])\n\t"
+      "vmovups %%ymm6, 192(%[a])\n\t"
+      "vmovups %%ymm7, 224(%[a])\n\t"
+      "vmovups %%ymm8, 256(%[a])\n\t"
+      "vmovups %%ymm9, 288(%[a])\n\t"
+      "vmovups %%ymm10, 320(%[a])\n\t"
+      "vmovups %%ymm11, 352(%[a])\n\t"
+      : [w] "+r"(w), [x] "+r"(x), [n] "+r"(kc)
+      : [a] "r"(acc)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+}
+
 struct FmaTraits {
   static constexpr int64_t kNB = 64;    // W rows per block (4 panels)
   static constexpr int64_t kKCP = 128;  // k pairs per block: 4 panels x 128 x 64 B = 32 KB
-  static constexpr int kMR = 4;
+  static constexpr int kMR = 6;
   using XElem = float;
   static constexpr int64_t kXPerPair = 2;
   static constexpr int64_t kLdx = kKCP * kXPerPair;
 
-  // MR x NP tile; 2*NP halves of 8 columns. MR=4,NP=1 and MR=1,NP=2 keep
-  // accumulators + widened weights in 14 of the 16 registers.
+  // MR x NP tile; 2*NP halves of 8 columns. 6x1 runs fma_6x1; the 4x1 and
+  // 1x2 intrinsic tiles keep accumulators + widened weights in 14 of 16 registers.
   template <int MR, int NP>
   static void tile(int rows, const float* xb, const uint32_t* panels, int64_t pstride, int64_t kc,
                    float* y, int64_t ldy, int64_t jbase, int64_t jlo, int64_t jhi,
@@ -99,26 +185,31 @@ struct FmaTraits {
                         ? load_range(y + r * ldy + jbase + 8 * h, first[h], count[h])
                         : _mm256_setzero_ps();
     const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
-    for (int64_t q = 0; q < kc; ++q) {
-      __m256 we[H], wo[H];
+    if constexpr (MR == 6 && NP == 1) {
+      static_assert(kLdx == 256, "fma_6x1 hard-codes the x row stride");
+      if (kc > 0) fma_6x1(&acc[0][0], panels, xb, kc);
+    } else {
+      for (int64_t q = 0; q < kc; ++q) {
+        __m256 we[H], wo[H];
 #pragma GCC unroll 8
-      for (int h = 0; h < H; ++h) {
-        const __m256i v = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(panels + (h / 2) * pstride + q * 16 + 8 * (h % 2)));
-        we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-        wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
-      }
+        for (int h = 0; h < H; ++h) {
+          const __m256i v = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(panels + (h / 2) * pstride + q * 16 + 8 * (h % 2)));
+          we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+          wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+        }
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const __m256 xe = _mm256_broadcast_ss(xb + r * kLdx + 2 * q);
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xe = _mm256_broadcast_ss(xb + r * kLdx + 2 * q);
 #pragma GCC unroll 8
-        for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xe, we[h], acc[r][h]);
-      }
+          for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xe, we[h], acc[r][h]);
+        }
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const __m256 xo = _mm256_broadcast_ss(xb + r * kLdx + 2 * q + 1);
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xo = _mm256_broadcast_ss(xb + r * kLdx + 2 * q + 1);
 #pragma GCC unroll 8
-        for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xo, wo[h], acc[r][h]);
+          for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xo, wo[h], acc[r][h]);
+        }
       }
     }
 #pragma GCC unroll 4
@@ -146,7 +237,9 @@ struct FmaTraits {
   static void strip(int rows, const float* xb, const uint32_t* panels, int64_t pstride,
                     int64_t npanels, int64_t kc, float* y, int64_t ldy, int64_t jbase, int64_t jlo,
                     int64_t jhi, bool accumulate) {
-    if (rows >= 2)
+    if (rows >= 4)
+      sweep<6, 1>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
+    else if (rows >= 2)
       sweep<4, 1>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
     else
       sweep<1, 2>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
