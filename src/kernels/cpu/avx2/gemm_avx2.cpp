@@ -53,16 +53,31 @@ void pack_w(const uint16_t* w, int64_t k, int64_t j0, int64_t rows, int64_t q0, 
     float* dst = reinterpret_cast<float*>(out + p * kc * 16);
     for (int64_t c = 0; c < kc; c += 8) {
       const int64_t kk = 2 * (q0 + c);
-      const int64_t nc = std::min<int64_t>(8, kc - c);
+      const bool fast = prow == 16 && kk + 16 <= k;
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         __m256 r[8];
+        if (fast) {
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i)
-          r[i] = 8 * h + i < prow ? load_pairs(src + (8 * h + i) * k + kk, k - kk)
-                                  : _mm256_setzero_ps();
+          for (int i = 0; i < 8; ++i)
+            r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (8 * h + i) * k + kk));
+        } else {
+#pragma GCC unroll 8
+          for (int i = 0; i < 8; ++i)
+            r[i] = 8 * h + i < prow ? load_pairs(src + (8 * h + i) * k + kk, k - kk)
+                                    : _mm256_setzero_ps();
+        }
         transpose8(r);
-        for (int64_t s = 0; s < nc; ++s) _mm256_storeu_ps(dst + (c + s) * 16 + 8 * h, r[s]);
+        if (c + 8 <= kc) {
+#pragma GCC unroll 8
+          for (int s = 0; s < 8; ++s) _mm256_storeu_ps(dst + (c + s) * 16 + 8 * h, r[s]);
+        } else {
+          // Copy out with constant indices so r itself stays in registers.
+          alignas(32) __m256 t[8];
+#pragma GCC unroll 8
+          for (int s = 0; s < 8; ++s) t[s] = r[s];
+          for (int64_t s = 0; s < kc - c; ++s) _mm256_storeu_ps(dst + (c + s) * 16 + 8 * h, t[s]);
+        }
       }
     }
   }

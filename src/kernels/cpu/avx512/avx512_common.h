@@ -109,14 +109,27 @@ inline void pack_w(const uint16_t* w, int64_t k, int64_t j0, int64_t rows, int64
     uint32_t* dst = out + p * kc * 16;
     for (int64_t c = 0; c < kc; c += 16) {
       const int64_t kk = 2 * (q0 + c);
-      const __mmask32 lm = mask32(k - kk);
       __m512i r[16];
+      if (prow == 16 && kk + 32 <= k) {  // the common case: no masks, no branches
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = i < prow ? _mm512_maskz_loadu_epi16(lm, src + i * k + kk) : _mm512_setzero_si512();
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * k + kk);
+      } else {
+        const __mmask32 lm = mask32(k - kk);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < prow ? _mm512_maskz_loadu_epi16(lm, src + i * k + kk) : _mm512_setzero_si512();
+      }
       transpose16(r);
-      const int64_t nc = std::min<int64_t>(16, kc - c);
-      for (int64_t s = 0; s < nc; ++s) _mm512_storeu_si512(dst + (c + s) * 16, r[s]);
+      if (c + 16 <= kc) {
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; ++s) _mm512_storeu_si512(dst + (c + s) * 16, r[s]);
+      } else {
+        // Copy out with constant indices so r itself stays in registers.
+        alignas(64) __m512i t[16];
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; ++s) t[s] = r[s];
+        for (int64_t s = 0; s < kc - c; ++s) _mm512_storeu_si512(dst + (c + s) * 16, t[s]);
+      }
     }
   }
 }
