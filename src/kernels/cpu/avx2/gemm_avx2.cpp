@@ -15,7 +15,7 @@ namespace {
 // In place: r[i] lane c -> r[c] lane i (8x8 dwords).
 inline void transpose8(__m256 r[8]) {
   __m256 t[8], u[8];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -28,7 +28,7 @@ inline void transpose8(__m256 r[8]) {
     u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
     u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int s = 0; s < 4; ++s) {
     r[s] = _mm256_permute2f128_ps(u[s], u[4 + s], 0x20);
     r[s + 4] = _mm256_permute2f128_ps(u[s], u[4 + s], 0x31);
@@ -192,7 +192,7 @@ struct FmaTraits {
       count[h] = std::clamp<int64_t>(jhi - lo, 0, 8);
     }
     __m256 acc[MR][H];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h)
@@ -213,13 +213,13 @@ struct FmaTraits {
           we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
           wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const __m256 xe = _mm256_broadcast_ss(xb + r * kLdx + 2 * q);
 #pragma GCC unroll 8
           for (int h = 0; h < H; ++h) acc[r][h] = _mm256_fmadd_ps(xe, we[h], acc[r][h]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const __m256 xo = _mm256_broadcast_ss(xb + r * kLdx + 2 * q + 1);
 #pragma GCC unroll 8
@@ -227,7 +227,7 @@ struct FmaTraits {
         }
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       if (r >= rows) continue;
 #pragma GCC unroll 8

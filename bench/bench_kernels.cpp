@@ -1,0 +1,216 @@
+// Kernel micro-benchmarks (Google Benchmark): BF16 GEMM throughput on the
+// SmolLM2-135M projection shapes for m = 1 (decode), 32 and 512 (prefill),
+// plain and packed weights, 1 and 2 threads split over n as the model splits
+// them; the FMA/VDPBF16PS peak each table can reach; STREAM-style memory
+// bandwidth. Figures only, never pass/fail (see docs/BENCHMARKS.md).
+//
+// Weights rotate through enough copies (>= 192 MB, 4x this machine's L3) that
+// every call reads them from DRAM, as a forward pass does.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "core/threads.h"
+#include "kernels/cpu/kernels.h"
+#include "numerics/bf16.h"
+
+namespace {
+
+using kvant::AlignedBuffer;
+using kvant::kernels::Isa;
+using kvant::kernels::KernelTable;
+
+constexpr int64_t kColdBytes = int64_t(192) << 20;
+
+struct Shape {
+  const char* name;
+  int64_t k, n;
+};
+// SmolLM2-135M: hidden 576, 9 q heads / 3 kv heads of 64, MLP 1536, vocab 49152 (tied).
+const Shape kShapes[] = {{"q_o_576x576", 576, 576},  {"kv_192x576", 576, 192},
+                         {"gate_up_1536x576", 576, 1536}, {"down_576x1536", 1536, 576},
+                         {"lm_head_49152x576", 576, 49152}};
+
+uint64_t next(uint64_t& s) {
+  s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+  return s;
+}
+
+void fill_bf16(uint16_t* p, int64_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = kvant::f32_to_bf16(float(int64_t(next(s) % 2001) - 1000) * 1e-3f);
+}
+
+// Copies of one weight matrix, plain and packed, for the shape last asked for.
+struct WeightSet {
+  int64_t n = 0, k = 0;
+  std::vector<AlignedBuffer<uint16_t>> plain, packed;
+};
+
+const WeightSet& weights(int64_t n, int64_t k) {
+  static WeightSet ws;
+  if (ws.n == n && ws.k == k) return ws;
+  ws = WeightSet{};
+  ws.n = n, ws.k = k;
+  const int64_t bytes = n * k * 2;
+  const int64_t copies = std::max<int64_t>(1, (kColdBytes + bytes - 1) / bytes);
+  const auto& T = kvant::kernels::active();
+  for (int64_t c = 0; c < copies; ++c) {
+    ws.plain.emplace_back(size_t(n * k));
+    if (c == 0)
+      fill_bf16(ws.plain[0].data(), n * k, 1);
+    else
+      std::memcpy(ws.plain[c].data(), ws.plain[0].data(), size_t(bytes));
+    ws.packed.emplace_back(size_t(kvant::kernels::gemm_bf16_packed_size(n, k)));
+    T.pack_bf16(ws.plain[c].data(), n, k, ws.packed[c].data());
+  }
+  return ws;
+}
+
+void bm_gemm(benchmark::State& state, const KernelTable* T, Shape shape, int64_t m, bool packed,
+             int threads) {
+  const WeightSet& ws = weights(shape.n, shape.k);
+  const int64_t k = shape.k, n = shape.n;
+  AlignedBuffer<uint16_t> x(size_t(m * k));
+  fill_bf16(x.data(), m * k, 2);
+  AlignedBuffer<float> y(size_t(m * n));
+  kvant::set_num_threads(threads);
+  size_t copy = 0;
+  for (auto _ : state) {
+    const uint16_t* w = packed ? ws.packed[copy].data() : ws.plain[copy].data();
+    copy = (copy + 1) % ws.plain.size();
+    kvant::parallel_for(n, 64, [&](int64_t n0, int64_t n1) {
+      if (packed)
+        T->gemm_bf16_packed(x.data(), k, w, k, y.data(), n, m, n0, n1);
+      else
+        T->gemm_bf16(x.data(), k, w, k, y.data(), n, m, n0, n1);
+    });
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double it = double(state.iterations());
+  state.counters["GFLOPS"] = benchmark::Counter(2e-9 * double(m * n * k) * it,
+                                                benchmark::Counter::kIsRate);
+  state.counters["weight_GBps"] = benchmark::Counter(2e-9 * double(n * k) * it,
+                                                     benchmark::Counter::kIsRate);
+  state.counters["m"] = double(m), state.counters["n"] = double(n), state.counters["k"] = double(k);
+  state.counters["threads"] = threads;
+}
+
+void bm_peak(benchmark::State& state, const KernelTable* T, int threads) {
+  constexpr int64_t kIters = 1 << 20;
+  kvant::set_num_threads(threads);
+  float sink = 0;
+  for (auto _ : state) {
+    kvant::parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) benchmark::DoNotOptimize(T->peak_probe(kIters));
+    });
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["GFLOPS"] = benchmark::Counter(
+      1e-9 * double(T->peak_flops_per_iter * kIters * threads) * double(state.iterations()),
+      benchmark::Counter::kIsRate);
+  state.counters["threads"] = threads;
+}
+
+// STREAM-style kernels on 256 MB arrays of doubles (well past the 48 MB L3).
+// Bytes counted as STREAM does: what the loop reads plus what it writes.
+constexpr int64_t kStreamN = int64_t(32) << 20;
+
+struct StreamArrays {
+  AlignedBuffer<double> a{size_t(kStreamN)}, b{size_t(kStreamN)}, c{size_t(kStreamN)};
+  StreamArrays() {
+    for (int64_t i = 0; i < kStreamN; ++i) a[i] = 1.0, b[i] = 2.0, c[i] = 0.5;
+  }
+};
+StreamArrays& stream_arrays() {
+  static StreamArrays s;
+  return s;
+}
+
+enum class StreamOp { Read, Copy, Triad };
+
+void bm_stream(benchmark::State& state, StreamOp op, int threads) {
+  StreamArrays& s = stream_arrays();
+  kvant::set_num_threads(threads);
+  double* a = s.a.data();
+  double* b = s.b.data();
+  double* c = s.c.data();
+  for (auto _ : state) {
+    kvant::parallel_for(kStreamN, 4096, [&](int64_t i0, int64_t i1) {
+      switch (op) {
+        case StreamOp::Read: {
+          // Integer sums vectorise without reassociation concerns.
+          const auto* u = reinterpret_cast<const uint64_t*>(a);
+          uint64_t acc = 0;
+          for (int64_t i = i0; i < i1; ++i) acc += u[i];
+          benchmark::DoNotOptimize(acc);
+          break;
+        }
+        case StreamOp::Copy:
+          for (int64_t i = i0; i < i1; ++i) c[i] = a[i];
+          break;
+        case StreamOp::Triad:
+          for (int64_t i = i0; i < i1; ++i) a[i] = b[i] + 3.0 * c[i];
+          break;
+      }
+    });
+    benchmark::ClobberMemory();
+  }
+  const double arrays = op == StreamOp::Read ? 1 : op == StreamOp::Copy ? 2 : 3;
+  state.counters["GBps"] = benchmark::Counter(
+      1e-9 * arrays * 8.0 * double(kStreamN) * double(state.iterations()),
+      benchmark::Counter::kIsRate);
+  state.counters["threads"] = threads;
+}
+
+void register_all() {
+  std::vector<const KernelTable*> tables;
+  for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16})
+    if (const KernelTable* t = kvant::kernels::table_for(isa)) tables.push_back(t);
+  for (const KernelTable* t : tables)
+    for (int th : {1, 2}) {
+      const std::string name = std::string("peak/") + kvant::kernels::isa_name(t->isa) +
+                               "/t" + std::to_string(th);
+      benchmark::RegisterBenchmark(name.c_str(), bm_peak, t, th)->UseRealTime();
+    }
+  const std::pair<StreamOp, const char*> ops[] = {
+      {StreamOp::Read, "read"}, {StreamOp::Copy, "copy"}, {StreamOp::Triad, "triad"}};
+  for (auto [op, opname] : ops)
+    for (int th : {1, 2}) {
+      const std::string name = std::string("stream/") + opname + "/t" + std::to_string(th);
+      benchmark::RegisterBenchmark(name.c_str(), bm_stream, op, th)->UseRealTime();
+    }
+  // Shape outermost: the cold weight copies are built once per shape.
+  for (const Shape& s : kShapes)
+    for (int64_t m : {1, 32, 512})
+      for (const KernelTable* t : tables)
+        for (bool packed : {false, true})
+          for (int th : {1, 2}) {
+            const std::string name = std::string("gemm/") + kvant::kernels::isa_name(t->isa) +
+                                     (packed ? "/packed/" : "/plain/") + s.name + "/m" +
+                                     std::to_string(m) + "/t" + std::to_string(th);
+            benchmark::RegisterBenchmark(name.c_str(), bm_gemm, t, s, m, packed, th)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_all();
+  benchmark::AddCustomContext("kvant_isa", kvant::kernels::isa_name(kvant::kernels::active().isa));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

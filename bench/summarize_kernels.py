@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Markdown tables from kvant_bench_kernels JSON (--benchmark_format=json).
+
+GEMM GFLOP/s is shown with its fraction of the same ISA's measured peak at the
+same thread count (the peak/<isa>/t<n> entries: independent FMA or VDPBF16PS
+chains, no memory traffic); m=1 rows also show the weight stream in GB/s and
+its fraction of the STREAM-style read bandwidth at the same thread count.
+usage: bench/summarize_kernels.py bench/out/kernels.json
+"""
+import json
+import sys
+
+
+def main(path):
+    doc = json.load(open(path))
+    ctx = doc.get("context", {})
+    # With --benchmark_repetitions the median aggregate stands for each benchmark.
+    medians = [b for b in doc["benchmarks"] if b.get("aggregate_name") == "median"]
+    rows = medians or [b for b in doc["benchmarks"] if b.get("run_type", "iteration") == "iteration"]
+    for b in rows:
+        b["name"] = b.get("run_name", b["name"])
+    peak, stream, gemm = {}, {}, []
+    for b in rows:
+        parts = b["name"].split("/")
+        if parts[0] == "peak":
+            peak[(parts[1], parts[2])] = b["GFLOPS"] / 1e9 if b["GFLOPS"] > 1e6 else b["GFLOPS"]
+        elif parts[0] == "stream":
+            stream[(parts[1], parts[2])] = b["GBps"]
+        elif parts[0] == "gemm":
+            gemm.append((parts, b))
+    g = lambda v: v / 1e9 if v > 1e6 else v  # counters may come back in units or in G
+    print(f"host: {ctx.get('host_name')}, {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
+          f"load average {ctx.get('load_avg')}, active ISA {ctx.get('kvant_isa')}\n")
+    print("| peak (FMA/VDPBF16PS chains) | GFLOP/s |\n|---|---|")
+    for (isa, t), v in sorted(peak.items()):
+        print(f"| {isa} {t} | {v:.1f} |")
+    print("\n| STREAM-style | GB/s |\n|---|---|")
+    for (op, t), v in sorted(stream.items()):
+        print(f"| {op} {t} | {g(v):.1f} |")
+    print("\n| ISA | weights | shape (n x k) | m | threads | GFLOP/s | % of peak | weight GB/s | % of read BW |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for parts, b in gemm:
+        _, isa, kind, shape, m, t = parts[:6]
+        gf = g(b["GFLOPS"])
+        pk = peak.get((isa, t))
+        bw = g(b["weight_GBps"])
+        rd = stream.get(("read", t))
+        mem = f"{bw:.1f} | {100 * bw / g(rd):.0f}%" if m == "m1" and rd else " | "
+        print(f"| {isa} | {kind} | {shape} | {m[1:]} | {t[1:]} | {gf:.1f} | "
+              f"{100 * gf / pk:.0f}% | {mem} |" if pk else f"| {isa} | {kind} | {shape} | {m[1:]} | {t[1:]} | {gf:.1f} | | {mem} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/out/kernels.json")
