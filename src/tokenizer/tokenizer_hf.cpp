@@ -11,10 +11,14 @@
 // normalizer is accepted but not applied (text already in NFC, as almost all
 // text is, tokenizes identically); a Prepend normalizer is applied at the
 // start of the text only (HF prepends to every stretch between added tokens);
-// added tokens' lstrip/rstrip/single_word flags are ignored.
+// every added token is matched in the raw text (its normalized,
+// lstrip/rstrip and single_word flags are ignored). The chat template comes
+// from tokenizer_config.json, or chat_template.jinja beside it.
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "io/json_text.h"
 #include "tokenizer/tokenizer_state.h"
@@ -311,6 +315,13 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
           if (e.is_object() && str_at(e, "name") == "default") s.chat_template = str_at(e, "template");
         }
       }
+    }
+  }
+  if (s.chat_template.empty()) {
+    const auto jinja = std::filesystem::path(path).parent_path() / "chat_template.jinja";
+    if (std::filesystem::exists(jinja)) {
+      std::ifstream in(jinja, std::ios::binary);
+      s.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
   }
   return TokenizerBuilder::build(std::move(s), what);

@@ -202,10 +202,20 @@ void check_exported(const std::string& name, bool metaspace_lossy) {
   auto tok = Tokenizer::from_hf_json(path);
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   check_fixtures(*tok, "tokenizer/" + name + ".jsonl", name + " tokenizer.json");
-  (void)metaspace_lossy;
+  check_round_trips(*tok, "tokenizer/" + name + ".jsonl", metaspace_lossy, name + " tokenizer.json");
 }
 
-TEST(TokenizerHfJson, SmolLM2Exported) { check_exported("smollm2", false); }
+TEST(TokenizerHfJson, SmolLM2Exported) {
+  check_exported("smollm2", false);
+  const std::string path = testing::model_path("tokenizers/smollm2/tokenizer.json");
+  if (!std::filesystem::exists(path)) return;
+  auto tok = Tokenizer::from_hf_json(path);
+  ASSERT_TRUE(tok.ok());
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_FALSE(tok->adds_bos());
+  EXPECT_NE(tok->chat_template().find("SmolLM"), std::string::npos);
+}
 TEST(TokenizerHfJson, Gemma3Exported) { check_exported("gemma3", true); }
 
 }  // namespace

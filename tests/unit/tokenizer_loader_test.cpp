@@ -137,6 +137,20 @@ TEST(TokenizerHfJson, ErrorsNameTheProblem) {
   EXPECT_NE(gap.error().message.find("id 1"), std::string::npos);
 }
 
+TEST(TokenizerHfJson, ChatTemplateFromJinjaFileBeside) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvant_tok_jinja_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(fixture_path("tokenizer/hf_tiny/tokenizer.json"), dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}<|start_header_id|>";
+  auto tok = Tokenizer::from_hf_json((dir / "tokenizer.json").string());
+  ASSERT_TRUE(tok.ok()) << tok.error().message;
+  EXPECT_EQ(tok->chat_template(), "{{ bos_token }}<|start_header_id|>");
+  EXPECT_TRUE(tok->adds_bos());  // from the post-processor, no tokenizer_config.json here
+  EXPECT_EQ(tok->eos_id(), -1);
+  std::filesystem::remove_all(dir);
+}
+
 // ------------------------------------------------------- in-memory GGUF
 
 // Writes a GGUF v3 image with metadata only (no tensors).
