@@ -61,7 +61,8 @@ void bpe_merge(const std::vector<int32_t>& ids, const MergeTable& merges, BpeScr
   auto& heap = s.heap;
   sym.resize(size_t(n));
   heap.clear();
-  for (int32_t i = 0; i < n; ++i) sym[size_t(i)] = {ids[size_t(i)], i - 1, i + 1 < n ? i + 1 : -1, true};
+  for (int32_t i = 0; i < n; ++i)
+    sym[size_t(i)] = {ids[size_t(i)], i - 1, i + 1 < n ? i + 1 : -1, true};
 
   auto push = [&](int32_t pos) {
     const int32_t nx = sym[size_t(pos)].next;

@@ -8,18 +8,22 @@
 namespace kvant {
 namespace {
 
-constexpr std::string_view kSmollm2System = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+constexpr std::string_view kSmollm2System =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 constexpr std::string_view kQwen2System = "You are a helpful assistant.";
-constexpr std::string_view kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+constexpr std::string_view kQwen25System =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
-bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view what) {
+  return s.find(what) != std::string_view::npos;
+}
 
 // Jinja's `trim` is Python's str.strip(): it removes every character for which
 // str.isspace() is true, not only ASCII whitespace.
 bool python_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // Decodes the code point starting at s[i] (s is assumed valid UTF-8; a stray
@@ -62,9 +66,11 @@ void chatml_turn(std::string& out, std::string_view role, std::string_view conte
 
 // SmolLM2's and Qwen2's template: the default system turn is written inside
 // the loop on its first iteration, so only when there is a first message.
-std::string render_chatml(std::span<const ChatMessage> msgs, bool gen, std::string_view default_system) {
+std::string render_chatml(std::span<const ChatMessage> msgs, bool gen,
+                          std::string_view default_system) {
   std::string out;
-  if (!default_system.empty() && msgs.front().role != "system") chatml_turn(out, "system", default_system);
+  if (!default_system.empty() && msgs.front().role != "system")
+    chatml_turn(out, "system", default_system);
   for (const ChatMessage& m : msgs) chatml_turn(out, m.role, m.content);
   if (gen) out += "<|im_start|>assistant\n";
   return out;
@@ -74,7 +80,8 @@ std::string render_chatml(std::span<const ChatMessage> msgs, bool gen, std::stri
 // (content + "\n\n", untrimmed) of the first remaining turn, every turn's
 // content is trimmed, "assistant" is written "model", and roles must
 // alternate starting with user (raise_exception otherwise).
-Result<std::string> render_gemma(std::span<const ChatMessage> msgs, bool gen, std::string_view bos) {
+Result<std::string> render_gemma(std::span<const ChatMessage> msgs, bool gen,
+                                 std::string_view bos) {
   std::string out(bos);
   std::string prefix;
   if (msgs.front().role == "system") {
@@ -84,8 +91,10 @@ Result<std::string> render_gemma(std::span<const ChatMessage> msgs, bool gen, st
   for (size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     if ((m.role == "user") != (i % 2 == 0))
-      return make_error("chat template (gemma): conversation roles must alternate user/assistant/user/"
-                        "assistant/... (message " + std::to_string(i) + " is '" + m.role + "')");
+      return make_error(
+          "chat template (gemma): conversation roles must alternate user/assistant/user/"
+          "assistant/... (message " +
+          std::to_string(i) + " is '" + m.role + "')");
     out += "<start_of_turn>";
     out += m.role == "assistant" ? std::string_view("model") : std::string_view(m.role);
     out += '\n';
@@ -117,8 +126,9 @@ std::string render_llama3(std::span<const ChatMessage> msgs, bool gen, std::stri
 Result<ChatFormat> detect_chat_format(std::string_view t, std::string_view arch) {
   if (t.empty()) {
     if (arch.rfind("gemma", 0) == 0) return ChatFormat::Gemma;
-    return make_error("no chat template in the model and no default for architecture '" + std::string(arch) +
-                      "'; choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
+    return make_error(
+        "no chat template in the model and no default for architecture '" + std::string(arch) +
+        "'; choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
   }
   if (contains(t, "<start_of_turn>")) return ChatFormat::Gemma;
   if (contains(t, "<|start_header_id|>") && contains(t, "<|eot_id|>")) return ChatFormat::Llama3;
@@ -130,8 +140,9 @@ Result<ChatFormat> detect_chat_format(std::string_view t, std::string_view arch)
   }
   std::string head(t.substr(0, 80));
   for (char& c : head) c = c == '\n' ? ' ' : c;
-  return make_error("unrecognized chat template (starts \"" + head +
-                    "...\"); choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
+  return make_error(
+      "unrecognized chat template (starts \"" + head +
+      "...\"); choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
 }
 
 Result<ChatFormat> chat_format_from_name(std::string_view n) {
@@ -147,28 +158,42 @@ Result<ChatFormat> chat_format_from_name(std::string_view n) {
 
 std::string_view chat_format_name(ChatFormat f) {
   switch (f) {
-    case ChatFormat::Chatml: return "chatml";
-    case ChatFormat::Smollm2: return "smollm2";
-    case ChatFormat::Qwen2: return "qwen2";
-    case ChatFormat::Qwen25: return "qwen2.5";
-    case ChatFormat::Gemma: return "gemma";
-    case ChatFormat::Llama3: return "llama3";
+    case ChatFormat::Chatml:
+      return "chatml";
+    case ChatFormat::Smollm2:
+      return "smollm2";
+    case ChatFormat::Qwen2:
+      return "qwen2";
+    case ChatFormat::Qwen25:
+      return "qwen2.5";
+    case ChatFormat::Gemma:
+      return "gemma";
+    case ChatFormat::Llama3:
+      return "llama3";
   }
   return "unknown";
 }
 
-bool chat_format_writes_bos(ChatFormat f) { return f == ChatFormat::Gemma || f == ChatFormat::Llama3; }
+bool chat_format_writes_bos(ChatFormat f) {
+  return f == ChatFormat::Gemma || f == ChatFormat::Llama3;
+}
 
 Result<std::string> render_chat(ChatFormat f, std::span<const ChatMessage> msgs, bool gen,
                                 std::string_view bos) {
   if (msgs.empty()) return make_error("chat template: the conversation has no messages");
   switch (f) {
-    case ChatFormat::Chatml: return render_chatml(msgs, gen, {});
-    case ChatFormat::Smollm2: return render_chatml(msgs, gen, kSmollm2System);
-    case ChatFormat::Qwen2: return render_chatml(msgs, gen, kQwen2System);
-    case ChatFormat::Qwen25: return render_chatml(msgs, gen, kQwen25System);
-    case ChatFormat::Gemma: return render_gemma(msgs, gen, bos);
-    case ChatFormat::Llama3: return render_llama3(msgs, gen, bos);
+    case ChatFormat::Chatml:
+      return render_chatml(msgs, gen, {});
+    case ChatFormat::Smollm2:
+      return render_chatml(msgs, gen, kSmollm2System);
+    case ChatFormat::Qwen2:
+      return render_chatml(msgs, gen, kQwen2System);
+    case ChatFormat::Qwen25:
+      return render_chatml(msgs, gen, kQwen25System);
+    case ChatFormat::Gemma:
+      return render_gemma(msgs, gen, bos);
+    case ChatFormat::Llama3:
+      return render_llama3(msgs, gen, bos);
   }
   return make_error("chat template: unknown format");
 }

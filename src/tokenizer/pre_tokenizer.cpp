@@ -134,8 +134,8 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& p
       const auto* subject = reinterpret_cast<PCRE2_SPTR>(piece.data());
       size_t pos = 0, gap = 0;
       while (pos < piece.size()) {
-        const int rc = pcre2_match(step->code, subject, piece.size(), pos, PCRE2_NO_UTF_CHECK, s.md,
-                                   s.mctx);
+        const int rc =
+            pcre2_match(step->code, subject, piece.size(), pos, PCRE2_NO_UTF_CHECK, s.md, s.mctx);
         if (rc < 0) break;  // no more matches (or a resource error: keep the rest whole)
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.md);
         const size_t b = ov[0], e = ov[1];

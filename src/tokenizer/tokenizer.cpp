@@ -21,8 +21,17 @@ const std::string kEmpty;
 
 // Control tokens that end a turn in the chat formats kvant knows.
 constexpr std::string_view kEogTexts[] = {
-    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
-    "<|end|>", "<|return|>", "<eos>", "</s>", "<|END_OF_TURN_TOKEN|>",
+    "<|im_end|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<|return|>",
+    "<eos>",
+    "</s>",
+    "<|END_OF_TURN_TOKEN|>",
 };
 
 struct EncodeScratch {
@@ -116,7 +125,8 @@ void encode_sentencepiece(const TokenizerState& s, std::string_view segment, boo
 
 }  // namespace
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                       bool parse_special) const {
   const TokenizerState& s = *s_;
   std::string repaired;
   if (!utf8::is_valid(text)) {
@@ -218,8 +228,9 @@ Result<Tokenizer> TokenizerBuilder::build(TokenizerState&& st, const std::string
   if (n == 0) return make_error(what + ": empty vocabulary");
   if (s.type.size() != n) s.type.resize(n, TokenType::Normal);
   for (int32_t* id : {&s.bos, &s.eos, &s.unk}) {
-    if (*id >= int32_t(n)) return make_error(what + ": special token id " + std::to_string(*id) +
-                                             " is outside the vocabulary of " + std::to_string(n));
+    if (*id >= int32_t(n))
+      return make_error(what + ": special token id " + std::to_string(*id) +
+                        " is outside the vocabulary of " + std::to_string(n));
   }
   if (s.ids.empty()) {
     s.ids.reserve(n);
@@ -305,7 +316,8 @@ Result<Tokenizer> TokenizerBuilder::build(TokenizerState&& st, const std::string
   }
   for (std::string_view t : kEogTexts) {
     auto it = s.ids.find(t);
-    if (it != s.ids.end() && s.type[size_t(it->second)] == TokenType::Control) s.eog.push_back(it->second);
+    if (it != s.ids.end() && s.type[size_t(it->second)] == TokenType::Control)
+      s.eog.push_back(it->second);
   }
   std::sort(s.eog.begin(), s.eog.end());
   s.eog.erase(std::unique(s.eog.begin(), s.eog.end()), s.eog.end());

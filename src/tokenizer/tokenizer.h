@@ -23,7 +23,13 @@ namespace kvant {
 
 // GGUF's tokenizer.ggml.token_type values.
 enum class TokenType : uint8_t {
-  Undefined = 0, Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
+  Undefined = 0,
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6,
 };
 
 struct TokenizerState;

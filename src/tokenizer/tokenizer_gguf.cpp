@@ -59,7 +59,8 @@ void derive_merges(TokenizerState& s, const std::vector<double>* scores, bool by
     return a.len_r > b.len_r;
   });
   s.merges.reserve(all.size());
-  for (size_t i = 0; i < all.size(); ++i) s.merges.add(all[i].left, all[i].right, uint32_t(i), all[i].result);
+  for (size_t i = 0; i < all.size(); ++i)
+    s.merges.add(all[i].left, all[i].right, uint32_t(i), all[i].result);
 }
 
 Result<void> read_merges(const GgufFile& f, TokenizerState& s, const std::string& what) {
@@ -118,8 +119,8 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     for (size_t i = 0; i < n; ++i) {
       const double t = (*types)[i];
       if (t < 0 || t > 6 || t != double(int(t)))
-        return make_error(what + ": tokenizer.ggml.token_type[" + std::to_string(i) + "] = " +
-                          std::to_string(t) + " is not a token type (0..6)");
+        return make_error(what + ": tokenizer.ggml.token_type[" + std::to_string(i) +
+                          "] = " + std::to_string(t) + " is not a token type (0..6)");
       s.type[i] = TokenType(int(t));
     }
   }
@@ -135,7 +136,8 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     }
   }
   s.ids.reserve(n);
-  for (size_t i = 0; i < n; ++i) s.ids.insert_or_assign(s.text[i], int32_t(i));  // last wins, as HF's dict
+  for (size_t i = 0; i < n; ++i)
+    s.ids.insert_or_assign(s.text[i], int32_t(i));  // last wins, as HF's dict
 
   s.bos = read_id(f, "tokenizer.ggml.bos_token_id");
   s.eos = read_id(f, "tokenizer.ggml.eos_token_id");

@@ -32,8 +32,8 @@ using Json = nlohmann::json;
 struct HfPipeline {
   std::vector<std::string> patterns;  // byte-level splits, in order
   bool byte_level = false;
-  bool metaspace = false;    // spaces become U+2581 (normalizer or pre-tokenizer)
-  bool prepend = false;      // "▁" before the text
+  bool metaspace = false;  // spaces become U+2581 (normalizer or pre-tokenizer)
+  bool prepend = false;    // "▁" before the text
 };
 
 std::string str_at(const Json& j, const char* key) {
@@ -60,7 +60,8 @@ Result<void> read_pre_tokenizer(const Json& j, HfPipeline& p) {
   const std::string type = str_at(j, "type");
   if (type == "Sequence") {
     auto it = j.find("pretokenizers");
-    if (it == j.end() || !it->is_array()) return make_error("pre_tokenizer Sequence without a list");
+    if (it == j.end() || !it->is_array())
+      return make_error("pre_tokenizer Sequence without a list");
     for (const Json& e : *it) KV_TRY(read_pre_tokenizer(e, p));
     return {};
   }
@@ -170,7 +171,8 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
   const Json& model = root["model"];
   if (const std::string t = str_at(model, "type"); !t.empty() && t != "BPE")
     return fail("model type '" + t + "' is not supported (only BPE)");
-  if (!model.contains("vocab") || !model["vocab"].is_object()) return fail("model has no vocab object");
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    return fail("model has no vocab object");
 
   TokenizerState s;
   // Vocabulary and added tokens; ids may leave no gaps in the final table.
@@ -214,24 +216,28 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     if (auto r = read_pre_tokenizer(root["pre_tokenizer"], p); !r) return fail(r.error().message);
   }
   const std::string decoder = root.contains("decoder") && root["decoder"].is_object()
-                                  ? str_at(root["decoder"], "type") : std::string();
+                                  ? str_at(root["decoder"], "type")
+                                  : std::string();
   s.byte_fallback = bool_at(model, "byte_fallback", false);
   if (p.byte_level || decoder == "ByteLevel") {
     s.kind = BpeKind::ByteLevel;
     s.model_kind = "gpt2";
-    if (p.metaspace) return fail("a byte-level pipeline with a '\u2581' normalizer is not supported");
+    if (p.metaspace)
+      return fail("a byte-level pipeline with a '\u2581' normalizer is not supported");
     auto pt = PreTokenizer::from_patterns(p.patterns);
     if (!pt) return fail(pt.error().message);
     s.pre = std::move(pt.value());
   } else if (p.metaspace || s.byte_fallback) {
     s.kind = BpeKind::SentencePiece;
     s.model_kind = "llama";
-    if (!p.patterns.empty()) return fail("regex splits in a SentencePiece-style pipeline are not supported");
+    if (!p.patterns.empty())
+      return fail("regex splits in a SentencePiece-style pipeline are not supported");
     s.add_space_prefix = p.prepend;
     for (size_t i = 0; i < n; ++i) {
       const std::string& t = s.text[i];
-      if (s.byte_fallback && s.type[i] == TokenType::Normal && t.size() == 6 && t.rfind("<0x", 0) == 0 &&
-          t[5] == '>' && std::isxdigit(uint8_t(t[3])) && std::isxdigit(uint8_t(t[4])))
+      if (s.byte_fallback && s.type[i] == TokenType::Normal && t.size() == 6 &&
+          t.rfind("<0x", 0) == 0 && t[5] == '>' && std::isxdigit(uint8_t(t[3])) &&
+          std::isxdigit(uint8_t(t[4])))
         s.type[i] = TokenType::Byte;
     }
   } else {
@@ -243,7 +249,8 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
   s.ids.reserve(n);
   for (size_t i = 0; i < n; ++i) s.ids.insert_or_assign(s.text[i], int32_t(i));
   // The model's own vocabulary wins over an added token of the same spelling.
-  for (const auto& [tok, id] : model["vocab"].items()) s.ids.insert_or_assign(tok, int32_t(id.get<int64_t>()));
+  for (const auto& [tok, id] : model["vocab"].items())
+    s.ids.insert_or_assign(tok, int32_t(id.get<int64_t>()));
 
   if (const std::string unk = str_at(model, "unk_token"); !unk.empty()) {
     auto it = s.ids.find(unk);
@@ -271,13 +278,15 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     }
     auto li = s.ids.find(l), ri = s.ids.find(r), res = s.ids.find(l + r);
     if (li == s.ids.end() || ri == s.ids.end() || res == s.ids.end())
-      return fail("merges[" + std::to_string(i) + "] ('" + l + "', '" + r + "') uses a token not in the vocabulary");
+      return fail("merges[" + std::to_string(i) + "] ('" + l + "', '" + r +
+                  "') uses a token not in the vocabulary");
     s.merges.add(li->second, ri->second, uint32_t(i), res->second);
   }
 
   for (const Json& a : added) {
     const int32_t id = int32_t(a["id"].get<int64_t>());
-    s.added.add(a["content"].get_ref<const std::string&>(), id, s.type[size_t(id)] == TokenType::Control);
+    s.added.add(a["content"].get_ref<const std::string&>(), id,
+                s.type[size_t(id)] == TokenType::Control);
   }
 
   if (const std::string bos = leading_special(root.value("post_processor", Json())); !bos.empty()) {
@@ -298,7 +307,8 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
       if (t.empty()) return {};
       auto it = s.ids.find(t);
       if (it == s.ids.end())
-        return make_error(config_path.string() + ": " + key + " '" + t + "' is not in the vocabulary");
+        return make_error(config_path.string() + ": " + key + " '" + t +
+                          "' is not in the vocabulary");
       out = it->second;
       return {};
     };
@@ -312,7 +322,8 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
         s.chat_template = t.get<std::string>();
       } else if (t.is_array()) {  // [{name, template}, ...]: the default one
         for (const Json& e : t) {
-          if (e.is_object() && str_at(e, "name") == "default") s.chat_template = str_at(e, "template");
+          if (e.is_object() && str_at(e, "name") == "default")
+            s.chat_template = str_at(e, "template");
         }
       }
     }

@@ -7,8 +7,8 @@
 
 #include <array>
 #include <functional>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -41,10 +41,10 @@ struct TokenizerState {
   TokenIds ids;  // spelling -> id
   MergeTable merges;
   AddedTokenMatcher added;
-  PreTokenizer pre;             // byte-level only; empty = whole segment is one word
-  bool ignore_merges = false;   // a word that is itself a token skips BPE (Llama 3)
-  bool byte_fallback = true;    // SentencePiece
-  bool fuse_unk = true;         // SentencePiece
+  PreTokenizer pre;               // byte-level only; empty = whole segment is one word
+  bool ignore_merges = false;     // a word that is itself a token skips BPE (Llama 3)
+  bool byte_fallback = true;      // SentencePiece
+  bool fuse_unk = true;           // SentencePiece
   bool add_space_prefix = false;  // SentencePiece: "▁" before the text, stripped on decode
   int32_t bos = -1, eos = -1, unk = -1;
   // Whether BPE maps a character it has no symbol for to `unk` (else drops
@@ -55,7 +55,7 @@ struct TokenizerState {
   std::string chat_template;
 
   // Derived by TokenizerBuilder::build.
-  std::vector<std::string> piece;    // decoded bytes, by id
+  std::vector<std::string> piece;       // decoded bytes, by id
   std::array<int32_t, 256> byte_ids{};  // byte -> its symbol (alphabet char or <0xNN>), -1 if none
   std::unordered_map<uint32_t, int32_t> char_ids;  // SentencePiece: one-code-point tokens
   std::vector<int32_t> eog;

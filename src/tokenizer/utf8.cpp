@@ -63,9 +63,7 @@ bool is_valid(std::string_view s) {
 
 size_t append_lossy(std::string_view s, std::string& out, bool final) {
   size_t i = 0, run = 0;  // [run, i) is a stretch of valid bytes not yet copied
-  auto flush = [&] {
-    out.append(s.substr(run, i - run));
-  };
+  auto flush = [&] { out.append(s.substr(run, i - run)); };
   while (i < s.size()) {
     const uint8_t b = uint8_t(s[i]);
     if (b < 0x80) {
@@ -160,8 +158,6 @@ const ByteAlphabet& alphabet() {
 
 uint32_t byte_char(uint8_t b) { return alphabet().to_char[b]; }
 
-int char_byte(uint32_t cp) {
-  return cp < alphabet().to_byte.size() ? alphabet().to_byte[cp] : -1;
-}
+int char_byte(uint32_t cp) { return cp < alphabet().to_byte.size() ? alphabet().to_byte[cp] : -1; }
 
 }  // namespace kvant::utf8

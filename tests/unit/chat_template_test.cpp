@@ -2,9 +2,10 @@
 // chat.json, from tools/fixtures/gen_chat.py): byte-identical output for 20
 // conversations with and without the generation prompt, the same errors
 // where a template raises, and detection of each template's format.
+#include "tokenizer/chat_template.h"
+
 #include <gtest/gtest.h>
 
-#include "tokenizer/chat_template.h"
 #include "tokenizer_test_util.h"
 
 namespace kvant {
@@ -20,13 +21,15 @@ TEST(ChatTemplate, MatchesJinjaRenderings) {
   std::vector<std::vector<ChatMessage>> convs;
   for (const auto& c : fx["conversations"]) {
     std::vector<ChatMessage> msgs;
-    for (const auto& m : c) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    for (const auto& m : c)
+      msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     convs.push_back(std::move(msgs));
   }
   ASSERT_GE(convs.size(), 20u);
   size_t checked = 0;
   for (const auto& [name, t] : fx["templates"].items()) {
-    auto format = detect_chat_format(t["template"].get<std::string>(), t["arch"].get<std::string>());
+    auto format =
+        detect_chat_format(t["template"].get<std::string>(), t["arch"].get<std::string>());
     ASSERT_TRUE(format.ok()) << name << ": " << format.error().message;
     EXPECT_EQ(chat_format_name(*format), t["format"].get<std::string>()) << name;
     const std::string bos = t["bos"].get<std::string>();
@@ -38,11 +41,13 @@ TEST(ChatTemplate, MatchesJinjaRenderings) {
       if (r.contains("error")) {
         EXPECT_FALSE(got.ok()) << name << " conversation " << r["conversation"] << " should fail";
         if (!got.ok()) {
-          EXPECT_NE(got.error().message.find("alternate"), std::string::npos) << got.error().message;
+          EXPECT_NE(got.error().message.find("alternate"), std::string::npos)
+              << got.error().message;
         }
         continue;
       }
-      ASSERT_TRUE(got.ok()) << name << " conversation " << r["conversation"] << ": " << got.error().message;
+      ASSERT_TRUE(got.ok()) << name << " conversation " << r["conversation"] << ": "
+                            << got.error().message;
       EXPECT_EQ(*got, r["text"].get<std::string>())
           << name << " conversation " << r["conversation"] << " gen " << gen;
     }
@@ -55,16 +60,18 @@ TEST(ChatTemplate, DetectionFromArchitectureAndErrors) {
   auto none = detect_chat_format("", "llama");
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.error().message.find("'llama'"), std::string::npos);
-  auto unknown = detect_chat_format("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", "llama");
+  auto unknown = detect_chat_format(
+      "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", "llama");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.error().message.find("[INST]"), std::string::npos);
-  EXPECT_EQ(detect_chat_format("...You are Qwen, created by Alibaba Cloud...<|im_start|>", "qwen2").value(),
+  EXPECT_EQ(detect_chat_format("...You are Qwen, created by Alibaba Cloud...<|im_start|>", "qwen2")
+                .value(),
             ChatFormat::Qwen25);
 }
 
 TEST(ChatTemplate, NamesRoundTrip) {
-  for (ChatFormat f : {ChatFormat::Chatml, ChatFormat::Smollm2, ChatFormat::Qwen2, ChatFormat::Qwen25,
-                       ChatFormat::Gemma, ChatFormat::Llama3}) {
+  for (ChatFormat f : {ChatFormat::Chatml, ChatFormat::Smollm2, ChatFormat::Qwen2,
+                       ChatFormat::Qwen25, ChatFormat::Gemma, ChatFormat::Llama3}) {
     auto back = chat_format_from_name(chat_format_name(f));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, f);
@@ -79,7 +86,8 @@ TEST(ChatTemplate, NamesRoundTrip) {
 TEST(ChatTemplate, Qwen25DefaultSystemPrompt) {
   const std::vector<ChatMessage> msgs{{"user", "Hi"}};
   EXPECT_EQ(render_chat(ChatFormat::Qwen25, msgs, true, "").value(),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_FALSE(render_chat(ChatFormat::Chatml, {}, true, "").ok());
 }

@@ -53,13 +53,15 @@ Outcome check_fixtures(const Tokenizer& tok, const std::string& fixture, const s
       const std::string text = ss.str();
       const auto t0 = std::chrono::steady_clock::now();
       const auto ids = tok.encode(text, false);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("[%s] %s: %zu bytes -> %zu ids in %.3f s\n", label.c_str(),
                   rec["file"].get<std::string>().c_str(), text.size(), ids.size(), sec);
       ++o.checked;
       EXPECT_EQ(ids.size(), rec["count"].get<size_t>()) << label << " whole file";
       EXPECT_EQ(fnv1a64(ids), rec["fnv1a64"].get<std::string>()) << label << " whole file";
-      if (ids.size() != rec["count"].get<size_t>() || fnv1a64(ids) != rec["fnv1a64"].get<std::string>())
+      if (ids.size() != rec["count"].get<size_t>() ||
+          fnv1a64(ids) != rec["fnv1a64"].get<std::string>())
         ++o.mismatched;
       continue;
     }
@@ -202,7 +204,8 @@ void check_exported(const std::string& name, bool metaspace_lossy) {
   auto tok = Tokenizer::from_hf_json(path);
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   check_fixtures(*tok, "tokenizer/" + name + ".jsonl", name + " tokenizer.json");
-  check_round_trips(*tok, "tokenizer/" + name + ".jsonl", metaspace_lossy, name + " tokenizer.json");
+  check_round_trips(*tok, "tokenizer/" + name + ".jsonl", metaspace_lossy,
+                    name + " tokenizer.json");
 }
 
 TEST(TokenizerHfJson, SmolLM2Exported) {

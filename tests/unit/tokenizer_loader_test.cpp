@@ -3,10 +3,10 @@
 // SentencePiece-style vocabulary written as an in-memory GGUF, the stream
 // decoder across split characters, and the errors malformed inputs give.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <unistd.h>
 #include <fstream>
 
 #include "tokenizer/utf8.h"
@@ -90,15 +90,18 @@ TEST(TokenizerStream, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(sd.push(byte_token('a')), std::string(utf8::kReplacement) + "a");
   EXPECT_EQ(sd.push(byte_token(0xF0)), "");
   EXPECT_EQ(sd.finish(), std::string(utf8::kReplacement));
-  const std::vector<int32_t> ids{byte_token(0xE4), byte_token(0xB8), byte_token('a'), byte_token(0xF0)};
-  EXPECT_EQ(tok.decode(ids), std::string(utf8::kReplacement) + "a" + std::string(utf8::kReplacement));
+  const std::vector<int32_t> ids{byte_token(0xE4), byte_token(0xB8), byte_token('a'),
+                                 byte_token(0xF0)};
+  EXPECT_EQ(tok.decode(ids),
+            std::string(utf8::kReplacement) + "a" + std::string(utf8::kReplacement));
   EXPECT_EQ(sd.push(-5), "");  // out of range: nothing
 }
 
 // --------------------------------------------------------- HF JSON errors
 
 std::string write_temp(const std::string& name, const std::string& content) {
-  const auto dir = std::filesystem::temp_directory_path() / ("kvant_tok_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvant_tok_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = dir / name;
   std::ofstream(path) << content;
@@ -114,12 +117,13 @@ TEST(TokenizerHfJson, ErrorsNameTheProblem) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("invalid JSON"), std::string::npos);
 
-  auto wp = Tokenizer::from_hf_json(write_temp("wp.json", R"({"model": {"type": "WordPiece", "vocab": {}}})"));
+  auto wp = Tokenizer::from_hf_json(
+      write_temp("wp.json", R"({"model": {"type": "WordPiece", "vocab": {}}})"));
   ASSERT_FALSE(wp.ok());
   EXPECT_NE(wp.error().message.find("WordPiece"), std::string::npos);
 
-  auto pre = Tokenizer::from_hf_json(write_temp(
-      "pre.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+  auto pre = Tokenizer::from_hf_json(
+      write_temp("pre.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                       "pre_tokenizer": {"type": "Whitespace"}, "decoder": {"type": "ByteLevel"}})"));
   ASSERT_FALSE(pre.ok());
   EXPECT_NE(pre.error().message.find("Whitespace"), std::string::npos);
@@ -130,17 +134,19 @@ TEST(TokenizerHfJson, ErrorsNameTheProblem) {
   ASSERT_FALSE(merge.ok());
   EXPECT_NE(merge.error().message.find("merges[0]"), std::string::npos);
 
-  auto gap = Tokenizer::from_hf_json(write_temp(
-      "gap.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []},
+  auto gap = Tokenizer::from_hf_json(
+      write_temp("gap.json", R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []},
                       "pre_tokenizer": {"type": "ByteLevel"}})"));
   ASSERT_FALSE(gap.ok());
   EXPECT_NE(gap.error().message.find("id 1"), std::string::npos);
 }
 
 TEST(TokenizerHfJson, ChatTemplateFromJinjaFileBeside) {
-  const auto dir = std::filesystem::temp_directory_path() / ("kvant_tok_jinja_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvant_tok_jinja_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(fixture_path("tokenizer/hf_tiny/tokenizer.json"), dir / "tokenizer.json",
+  std::filesystem::copy_file(fixture_path("tokenizer/hf_tiny/tokenizer.json"),
+                             dir / "tokenizer.json",
                              std::filesystem::copy_options::overwrite_existing);
   std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}<|start_header_id|>";
   auto tok = Tokenizer::from_hf_json((dir / "tokenizer.json").string());
@@ -236,7 +242,17 @@ struct SpmVocab {
       types.push_back(6);
       scores.push_back(0);
     }
-    const char* pieces[] = {"\xE2\x96\x81", "a", "b", "c", "\xE2\x96\x81" "a", "ab", "bc", "\xE2\x96\x81" "ab", "abc"};
+    const char* pieces[] = {"\xE2\x96\x81",
+                            "a",
+                            "b",
+                            "c",
+                            "\xE2\x96\x81"
+                            "a",
+                            "ab",
+                            "bc",
+                            "\xE2\x96\x81"
+                            "ab",
+                            "abc"};
     float score = 0;
     for (const char* p : pieces) {
       tokens.push_back(p);
@@ -252,7 +268,8 @@ struct SpmVocab {
   }
 };
 
-Result<Tokenizer> spm_tokenizer(const SpmVocab& v, bool space_prefix, std::vector<uint8_t>& storage) {
+Result<Tokenizer> spm_tokenizer(const SpmVocab& v, bool space_prefix,
+                                std::vector<uint8_t>& storage) {
   GgufWriter w;
   w.str("general.architecture", "llama");
   w.str("tokenizer.ggml.model", "llama");
@@ -276,7 +293,8 @@ TEST(TokenizerGguf, SentencePieceMergesByScoreAndFallsBackToBytes) {
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   // Scores: "▁a" (-4) merges before "ab" (-5); "▁ab" = (▁a, b).
   EXPECT_EQ(tok->encode("ab", false), (std::vector<int32_t>{v.id("ab")}));
-  EXPECT_EQ(tok->encode(" ab", false), (std::vector<int32_t>{v.id("\xE2\x96\x81" "ab")}));
+  EXPECT_EQ(tok->encode(" ab", false), (std::vector<int32_t>{v.id("\xE2\x96\x81"
+                                                                  "ab")}));
   EXPECT_EQ(tok->encode("abc", false), (std::vector<int32_t>{v.id("abc")}));
   // Unknown characters fall back to their UTF-8 bytes.
   EXPECT_EQ(tok->encode("\xC3\xA9", false), (std::vector<int32_t>{3 + 0xC3, 3 + 0xA9}));
@@ -297,7 +315,8 @@ TEST(TokenizerGguf, SpacePrefixIsAddedAndStripped) {
   auto tok = spm_tokenizer(v, true, img);
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   const auto ids = tok->encode("ab", false);
-  EXPECT_EQ(ids, (std::vector<int32_t>{v.id("\xE2\x96\x81" "ab")}));
+  EXPECT_EQ(ids, (std::vector<int32_t>{v.id("\xE2\x96\x81"
+                                            "ab")}));
   EXPECT_EQ(tok->decode(ids), "ab");
   StreamDecoder sd(*tok);
   EXPECT_EQ(sd.push(ids[0]) + sd.finish(), "ab");
@@ -374,7 +393,10 @@ TEST(TokenizerGguf, InvalidUtf8InputIsRepairedFirst) {
   std::vector<uint8_t> img;
   auto tok = spm_tokenizer(v, false, img);
   ASSERT_TRUE(tok.ok());
-  EXPECT_EQ(tok->decode(tok->encode("a\xFF" "b", false)), "a" + std::string(utf8::kReplacement) + "b");
+  EXPECT_EQ(tok->decode(tok->encode("a\xFF"
+                                    "b",
+                                    false)),
+            "a" + std::string(utf8::kReplacement) + "b");
 }
 
 }  // namespace

@@ -9,21 +9,25 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "io/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvant::testing {
 
-inline std::string fixture_path(const std::string& rel) { return std::string(KVANT_FIXTURES) + "/" + rel; }
-inline std::string model_path(const std::string& rel) { return std::string(KVANT_MODELS) + "/" + rel; }
+inline std::string fixture_path(const std::string& rel) {
+  return std::string(KVANT_FIXTURES) + "/" + rel;
+}
+inline std::string model_path(const std::string& rel) {
+  return std::string(KVANT_MODELS) + "/" + rel;
+}
 // shared/data sits beside the repository checkout.
 inline std::string shared_data_path(const std::string& rel) {
-  return (std::filesystem::path(KVANT_FIXTURES) / ".." / ".." / ".." / "shared" / "data" / rel).string();
+  return (std::filesystem::path(KVANT_FIXTURES) / ".." / ".." / ".." / "shared" / "data" / rel)
+      .string();
 }
 
 inline std::vector<nlohmann::json> read_jsonl(const std::string& path) {

@@ -18,10 +18,12 @@ const std::string kFffd(utf8::kReplacement);
 TEST(TokenizerUtf8, LossyRepairUsesMaximalSubparts) {
   EXPECT_EQ(lossy("plain ascii"), "plain ascii");
   EXPECT_EQ(lossy("\xE4\xB8\xAD\xE6\x96\x87"), "\xE4\xB8\xAD\xE6\x96\x87");  // 中文
-  EXPECT_EQ(lossy("\xE4\xB8" "a"), kFffd + "a");           // truncated 3-byte sequence: one U+FFFD
+  EXPECT_EQ(lossy("\xE4\xB8"
+                  "a"),
+            kFffd + "a");                                   // truncated 3-byte sequence: one U+FFFD
   EXPECT_EQ(lossy("\xED\xA0\x80"), kFffd + kFffd + kFffd);  // a surrogate: three
-  EXPECT_EQ(lossy("\xC0\xAF"), kFffd + kFffd);             // overlong
-  EXPECT_EQ(lossy("\xF0\x9F\x98"), kFffd);                 // truncated emoji at the end
+  EXPECT_EQ(lossy("\xC0\xAF"), kFffd + kFffd);              // overlong
+  EXPECT_EQ(lossy("\xF0\x9F\x98"), kFffd);                  // truncated emoji at the end
   EXPECT_EQ(lossy("\x80x\xFF"), kFffd + "x" + kFffd);
   EXPECT_EQ(lossy("\xF4\x90\x80\x80"), kFffd + kFffd + kFffd + kFffd);  // above U+10FFFF
 }
@@ -35,7 +37,10 @@ TEST(TokenizerUtf8, IncompleteTailIsHeldBackUntilFinal) {
   EXPECT_EQ(out, "\xF0\x9F\x98\x80");
   out.clear();
   // A byte that can never continue the sequence is replaced at once.
-  EXPECT_EQ(utf8::append_lossy("\xF0" "a", out, false), 2u);
+  EXPECT_EQ(utf8::append_lossy("\xF0"
+                               "a",
+                               out, false),
+            2u);
   EXPECT_EQ(out, kFffd + "a");
 }
 
@@ -100,7 +105,8 @@ TEST(TokenizerPreTokenizer, RejectsBadRegexWithItsText) {
 void check_pretok(const char* family, std::string_view pattern) {
   auto pt = PreTokenizer::from_patterns({std::string(pattern)});
   ASSERT_TRUE(pt.ok()) << pt.error().message;
-  const auto recs = testing::read_jsonl(testing::fixture_path(std::string("tokenizer/pretok_") + family + ".jsonl"));
+  const auto recs = testing::read_jsonl(
+      testing::fixture_path(std::string("tokenizer/pretok_") + family + ".jsonl"));
   ASSERT_GT(recs.size(), 300u);
   size_t bad = 0;
   std::vector<std::string_view> pieces;
