@@ -72,8 +72,9 @@ void compare(Model& m, const std::string& name, const char* file, double tol, do
   }
   std::sort(row_max.begin(), row_max.end());
   const double median_row = row_max[row_max.size() / 2];
-  if (median_tol > 0)
+  if (median_tol > 0) {
     EXPECT_LE(median_row, median_tol) << name << " vs " << file << ": median per-position max |diff|";
+  }
 
   int mismatched = 0;
   for (size_t t = 0; t < g.ids.size(); ++t) {
