@@ -7,7 +7,9 @@
 // are ordered by t's score, best first, then by longer l, then longer r, then
 // file order. For Gemma the order of the tokens in the file is the sort key
 // instead of the score (its control and user-defined tokens carry -1000 but
-// merge first), which is how transformers converts Gemma GGUF files.
+// merge first), which is how transformers converts Gemma GGUF files. (Only
+// runs of 32 or more spaces depend on how the user-defined whitespace pieces
+// are ordered among themselves; tools/fixtures/gen_tokenizer.py says more.)
 #include <algorithm>
 
 #include "tokenizer/tokenizer_state.h"
