@@ -68,7 +68,7 @@ TEST_P(DequantFixture, MatchesReferenceBitExactly) {
   EXPECT_EQ(std::memcmp(parts.data(), got.data(), got.size() * 4), 0) << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTypes, DequantFixture,
+INSTANTIATE_TEST_SUITE_P(Dequant, DequantFixture,
                          ::testing::Values("F32", "F16", "BF16", "F8_E4M3", "Q4_0", "Q4_1", "Q5_0",
                                            "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"),
                          [](const auto& info) { return std::string(info.param); });

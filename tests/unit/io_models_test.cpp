@@ -71,12 +71,9 @@ TEST_P(IoModels, DequantizesEveryTensor) {
               tensors.size(), types.c_str(), double(total) / 1e6, seconds);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gguf, IoModels,
-                         ::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf",
-                                           "gemma-3-270m-q4_k_m.gguf"),
-                         [](const auto& info) {
-                           return std::string(info.index == 0 ? "SmolLM2" : "Gemma3");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Io, IoModels, ::testing::Values("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"),
+    [](const auto& info) { return std::string(info.index == 0 ? "SmolLM2" : "Gemma3"); });
 
 }  // namespace
 }  // namespace kvant
