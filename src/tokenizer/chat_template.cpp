@@ -131,7 +131,15 @@ Result<ChatFormat> detect_chat_format(std::string_view t, std::string_view arch)
         "'; choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
   }
   if (contains(t, "<start_of_turn>")) return ChatFormat::Gemma;
-  if (contains(t, "<|start_header_id|>") && contains(t, "<|eot_id|>")) return ChatFormat::Llama3;
+  if (contains(t, "<|start_header_id|>") && contains(t, "<|eot_id|>")) {
+    // Llama 3.1+ templates always write a system turn with knowledge and
+    // today's dates; rendering them as Llama 3 would silently drop it.
+    if (contains(t, "Cutting Knowledge Date"))
+      return make_error(
+          "Llama 3.1-style chat template (dated system header) is not supported; "
+          "--chat-template llama3 forces the Llama 3 format");
+    return ChatFormat::Llama3;
+  }
   if (contains(t, "<|im_start|>")) {
     if (contains(t, kSmollm2System)) return ChatFormat::Smollm2;
     if (contains(t, "You are Qwen, created by Alibaba Cloud")) return ChatFormat::Qwen25;

@@ -64,6 +64,13 @@ TEST(ChatTemplate, DetectionFromArchitectureAndErrors) {
       "{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}", "llama");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.error().message.find("[INST]"), std::string::npos);
+  auto llama31 = detect_chat_format(
+      "{{- bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+      "December "
+      "2023<|eot_id|>",
+      "llama");
+  ASSERT_FALSE(llama31.ok());
+  EXPECT_NE(llama31.error().message.find("3.1"), std::string::npos);
   EXPECT_EQ(detect_chat_format("...You are Qwen, created by Alibaba Cloud...<|im_start|>", "qwen2")
                 .value(),
             ChatFormat::Qwen25);
