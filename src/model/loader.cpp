@@ -11,6 +11,7 @@
 
 #include "core/threads.h"
 #include "io/gguf.h"
+#include "kernels/cpu/kernels.h"
 #include "io/tensor_source.h"
 #include "numerics/bf16.h"
 
@@ -93,19 +94,21 @@ class Loader {
     Matrix m;
     m.cols = cols;
     for (auto& p : parts) m.rows += p.second;
-    m.data = AlignedBuffer<uint16_t>(size_t(m.rows * cols));
+    AlignedBuffer<uint16_t> rowmajor(size_t(m.rows * cols));
     int64_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       auto v = f32(parts[i].first, {parts[i].second, cols});
       if (!v) return v.error();
       if (transform) transform(i, *v);
-      uint16_t* dst = m.data.data() + row * cols;
+      uint16_t* dst = rowmajor.data() + row * cols;
       const float* s = v->data();
       parallel_for(int64_t(v->size()), 1 << 16, [&](int64_t b, int64_t e) {
         for (int64_t k = b; k < e; ++k) dst[k] = f32_to_bf16(s[k]);
       });
       row += parts[i].second;
     }
+    m.packed = AlignedBuffer<uint16_t>(size_t(kernels::gemm_bf16_packed_size(m.rows, cols)));
+    kernels::active().pack_bf16(rowmajor.data(), m.rows, cols, m.packed.data());
     return m;
   }
 

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/threads.h"
+#include "kernels/cpu/kernels.h"
 #include "model/loader.h"
 #include "model/ops.h"
 #include "numerics/bf16.h"
@@ -78,6 +79,8 @@ Model::Model(ModelConfig cfg, ModelWeights w) : cfg_(std::move(cfg)), w_(std::mo
   inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, w_.rope_freq_factors);
   ws_ = std::make_unique<Workspace>();
 }
+
+Model::~Model() = default;
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
   auto m = load_model(path);
@@ -155,9 +158,7 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   auto& ws = *ws_;
   // Embedding lookup (BF16 rows -> FP32), scaled for Gemma.
   for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* e = w_.embed.data.data() + int64_t(b.tokens[size_t(t)]) * c.hidden;
-    float* x = ws.x.data() + t * c.hidden;
-    for (int64_t i = 0; i < c.hidden; ++i) x[i] = bf16_to_f32(e[i]) * c.embed_scale;
+    w_.embed.row_f32(b.tokens[size_t(t)], c.embed_scale, ws.x.data() + t * c.hidden);
   }
   ws.items.clear();
   {
@@ -189,6 +190,7 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
 void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
   const auto& L = w_.layers[size_t(l)];
+  const auto& K = kernels::active();
   auto& ws = *ws_;
   const int64_t H = c.hidden, qkv_n = c.q_dim() + 2 * c.kv_dim();
 
@@ -215,8 +217,8 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   for (int64_t t = 0; t < T; ++t) {
     const float* g = ws.gu.data() + t * 2 * c.ffn;
     float* a = ws.act.data() + t * c.ffn;
-    if (c.act == Activation::GeluTanh) ops::gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
-    else ops::silu_mul(g, g + c.ffn, a, c.ffn);
+    if (c.act == Activation::GeluTanh) K.gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
+    else K.silu_mul(g, g + c.ffn, a, c.ffn);
   }
   ops::to_bf16(ws.act.data(), c.ffn, ws.xb.data(), c.ffn, T, c.ffn);
   ops::matmul(ws.xb.data(), c.ffn, L.w_down, ws.out.data(), H, T);
@@ -231,6 +233,7 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
 void Model::attention(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
   const auto& L = w_.layers[size_t(l)];
+  const auto& K = kernels::active();
   auto& ws = *ws_;
   const int64_t hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_n = qd + 2 * kvd;
   const bool sliding = c.sliding[size_t(l)] && c.sliding_window > 0;
@@ -249,8 +252,8 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
         if (c.qk_norm) ops::rmsnorm(x, h < c.heads ? L.q_norm.data() : L.k_norm.data(), c.rms_eps, x, hd);
         ops::rope(x, cosb + t * hd / 2, sinb + t * hd / 2, hd);
       }
-      std::copy(row + qd, row + qd + kvd, s.kv->k(l, s.pos0 + i));
-      std::copy(row + qd + kvd, row + qd + 2 * kvd, s.kv->v(l, s.pos0 + i));
+      K.f32_to_bf16(row + qd, s.kv->k(l, s.pos0 + i), kvd);
+      K.f32_to_bf16(row + qd + kvd, s.kv->v(l, s.pos0 + i), kvd);
     }
   }
 
@@ -264,30 +267,14 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
       const int64_t h = w % c.heads, kvh = h / group;
       const int64_t pos = it.s->pos0 + it.i;
       const int64_t j0 = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+      const int64_t n = pos - j0 + 1;
+      const int64_t ld = it.s->kv->row_stride();
       const float* q = ws.qkv.data() + it.t * qkv_n + h * hd;
-      float mx = -INFINITY;
-      for (int64_t j = j0; j <= pos; ++j) {
-        const float* k = it.s->kv->k(l, j) + kvh * hd;
-        float d = 0.f;
-        for (int64_t e = 0; e < hd; ++e) d += q[e] * k[e];
-        d *= c.attn_scale;
-        if (c.attn_softcap > 0.f) d = std::tanh(d / c.attn_softcap) * c.attn_softcap;
-        sc[j] = d;
-        mx = std::max(mx, d);
-      }
-      float sum = 0.f;
-      for (int64_t j = j0; j <= pos; ++j) {
-        sc[j] = std::exp(sc[j] - mx);
-        sum += sc[j];
-      }
-      const float inv = 1.f / sum;
-      float* o = ws.attn.data() + it.t * qd + h * hd;
-      std::fill(o, o + hd, 0.f);
-      for (int64_t j = j0; j <= pos; ++j) {
-        const float p = sc[j] * inv;
-        const float* v = it.s->kv->v(l, j) + kvh * hd;
-        for (int64_t e = 0; e < hd; ++e) o[e] += p * v[e];
-      }
+      K.attn_scores(q, it.s->kv->k(l, j0) + kvh * hd, ld, n, hd, c.attn_scale, sc);
+      if (c.attn_softcap > 0.f)
+        for (int64_t j = 0; j < n; ++j) sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
+      K.softmax(sc, n);
+      K.attn_weighted_sum(sc, it.s->kv->v(l, j0) + kvh * hd, ld, n, hd, ws.attn.data() + it.t * qd + h * hd);
     }
   });
 }

@@ -1,7 +1,7 @@
 // Model: a loaded decoder and its forward pass over a batch of sequence
 // chunks. Tokens of every sequence in the batch go through each matrix
 // product together; attention runs per sequence against that sequence's KV.
-// The KV here is a contiguous per-sequence FP32 store (SeqKv); the model does
+// The KV here is a contiguous per-sequence BF16 store (SeqKv); the model does
 // not schedule, sample or own sequences.
 #pragma once
 
@@ -18,18 +18,20 @@
 
 namespace kvant {
 
-// K and V rows of one sequence, per layer: [capacity, kv_dim] each.
+// K and V rows of one sequence, per layer: [capacity, kv_heads, head_dim]
+// each, BF16 (K after RoPE).
 class SeqKv {
  public:
   SeqKv(const ModelConfig& c, int64_t capacity);
   int64_t capacity() const { return capacity_; }
-  float* k(int64_t layer, int64_t pos) { return k_[size_t(layer)].data() + pos * kv_dim_; }
-  float* v(int64_t layer, int64_t pos) { return v_[size_t(layer)].data() + pos * kv_dim_; }
+  int64_t row_stride() const { return kv_dim_; }
+  uint16_t* k(int64_t layer, int64_t pos) { return k_[size_t(layer)].data() + pos * kv_dim_; }
+  uint16_t* v(int64_t layer, int64_t pos) { return v_[size_t(layer)].data() + pos * kv_dim_; }
 
  private:
   int64_t capacity_;
   int64_t kv_dim_;
-  std::vector<AlignedBuffer<float>> k_, v_;
+  std::vector<AlignedBuffer<uint16_t>> k_, v_;
 };
 
 struct SeqChunk {
@@ -49,6 +51,7 @@ class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const std::string& path);
   Model(ModelConfig cfg, ModelWeights w);
+  ~Model();
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
 

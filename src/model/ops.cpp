@@ -1,19 +1,20 @@
-// Row operations in plain C++ (compiled for the baseline ISA); the matrix
-// products go through the kernel table, split over output rows in blocks of
-// 64 so every thread streams its own slice of the weights.
+// Thin wrappers over the kernel table (matrix products split over output rows
+// in blocks of 64, so every thread streams its own slice of the weights) and
+// the RoPE rotation, which is too small to need a kernel of its own.
 #include "model/ops.h"
 
 #include <cmath>
 
 #include "core/threads.h"
 #include "kernels/cpu/kernels.h"
+#include "numerics/bf16.h"
 
 namespace kvant::ops {
 
 void matmul(const uint16_t* x, int64_t ldx, const Matrix& W, float* y, int64_t ldy, int64_t m) {
   const auto& K = kernels::active();
   parallel_for(W.rows, 64, [&](int64_t n0, int64_t n1) {
-    K.gemm_bf16(x, ldx, W.data.data(), W.cols, y, ldy, m, n0, n1);
+    K.gemm_bf16_packed(x, ldx, W.packed.data(), W.cols, y, ldy, m, n0, n1);
   });
 }
 
@@ -23,10 +24,7 @@ void to_bf16(const float* x, int64_t ld, uint16_t* xb, int64_t ldb, int64_t rows
 }
 
 void rmsnorm(const float* x, const float* w, float eps, float* out, int64_t n) {
-  float ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.f / std::sqrt(ss / float(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+  kernels::active().rmsnorm(x, w, 0.f, eps, out, n);
 }
 
 void rope(float* x, const float* cos, const float* sin, int64_t hd) {
@@ -38,19 +36,16 @@ void rope(float* x, const float* cos, const float* sin, int64_t hd) {
   }
 }
 
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.f + std::exp(-g)) * up[i];
-  }
-}
-
-void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.f + std::tanh(kC * (g + 0.044715f * g * g * g))) * up[i];
-  }
-}
-
 }  // namespace kvant::ops
+
+namespace kvant {
+
+void Matrix::row_f32(int64_t r, float scale, float* out) const {
+  // Inverse of the P16-pair packing for one row: element (r, 2q+e) sits at
+  // ((panel * kp) + q) * 32 + 2 * (r % 16) + e.
+  const int64_t kp = (cols + 1) / 2;
+  const uint16_t* base = packed.data() + (r / kernels::kPackRows) * kp * 32 + 2 * (r % kernels::kPackRows);
+  for (int64_t c = 0; c < cols; ++c) out[c] = bf16_to_f32(base[(c / 2) * 32 + (c & 1)]) * scale;
+}
+
+}  // namespace kvant

@@ -16,8 +16,5 @@ void to_bf16(const float* x, int64_t ld, uint16_t* xb, int64_t ldb, int64_t rows
 void rmsnorm(const float* x, const float* w, float eps, float* out, int64_t n);
 // Half-split (NeoX) rotation of one head of length hd with cos/sin [hd/2].
 void rope(float* x, const float* cos, const float* sin, int64_t hd);
-// out[i] = act(gate[i]) * up[i].
-void silu_mul(const float* gate, const float* up, float* out, int64_t n);
-void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 
 }  // namespace kvant::ops

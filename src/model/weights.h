@@ -10,10 +10,15 @@
 
 namespace kvant {
 
-struct Matrix {  // BF16, [rows, cols] row-major: a linear layer's [out, in]
-  AlignedBuffer<uint16_t> data;
+// A linear layer's BF16 weight [rows = out, cols = in], stored in the kernels'
+// packed layout (kernels/cpu/kernels.h, "P16 pairs") so that every product
+// reads it without repacking. Row r can still be gathered (embeddings).
+struct Matrix {
+  AlignedBuffer<uint16_t> packed;  // gemm_bf16_packed_size(rows, cols) elements
   int64_t rows = 0;
   int64_t cols = 0;
+  // out[c] = float(W[r, c]) * scale.
+  void row_f32(int64_t r, float scale, float* out) const;
 };
 
 struct LayerWeights {
