@@ -35,8 +35,8 @@ struct PagePoolOptions {
   // kStatic only: FP32 scales, either one per layer ([layers]) or one per
   // (layer, head) ([layers, kv_heads]); finite and > 0. V scales must be
   // empty with shared_kv (the K scale serves the shared row).
-  std::vector<float> static_k_scales;
-  std::vector<float> static_v_scales;
+  std::vector<float> static_k_scales = {};
+  std::vector<float> static_v_scales = {};
 };
 
 class PagePool {
