@@ -5,6 +5,9 @@ GEMM GFLOP/s is shown with its fraction of the same ISA's measured peak at the
 same thread count (the peak/<isa>/t<n> entries: independent FMA or VDPBF16PS
 chains, no memory traffic); m=1 rows also show the weight stream in GB/s and
 its fraction of the STREAM-style read bandwidth at the same thread count.
+Single-thread rows add the rate per CPU-second of the benchmark thread
+(cpu_time instead of real time): on a shared machine that is the figure
+least disturbed by other processes.
 usage: bench/summarize_kernels.py bench/out/kernels.json
 """
 import json
@@ -29,16 +32,24 @@ def main(path):
         elif parts[0] == "gemm":
             gemm.append((parts, b))
     g = lambda v: v / 1e9 if v > 1e6 else v  # counters may come back in units or in G
+    busy = lambda b: b["real_time"] / b["cpu_time"]  # rate per CPU-second / real rate
     print(f"host: {ctx.get('host_name')}, {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
           f"load average {ctx.get('load_avg')}, active ISA {ctx.get('kvant_isa')}\n")
     print("| peak (FMA/VDPBF16PS chains) | GFLOP/s |\n|---|---|")
+    peak_cpu = {}
+    for b in rows:
+        parts = b["name"].split("/")
+        if parts[0] == "peak" and parts[2] == "t1":
+            peak_cpu[parts[1]] = g(b["GFLOPS"]) * busy(b)
     for (isa, t), v in sorted(peak.items()):
-        print(f"| {isa} {t} | {v:.1f} |")
+        extra = f" ({peak_cpu[isa]:.1f} per CPU-second)" if t == "t1" and isa in peak_cpu else ""
+        print(f"| {isa} {t} | {v:.1f}{extra} |")
     print("\n| STREAM-style | GB/s |\n|---|---|")
     for (op, t), v in sorted(stream.items()):
         print(f"| {op} {t} | {g(v):.1f} |")
-    print("\n| ISA | weights | shape (n x k) | m | threads | GFLOP/s | % of peak | weight GB/s | % of read BW |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| ISA | weights | shape (n x k) | m | threads | GFLOP/s | % of peak | weight GB/s | % of read BW "
+          "| t1: GFLOP/s per CPU-s (% of peak per CPU-s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for parts, b in gemm:
         _, isa, kind, shape, m, t = parts[:6]
         gf = g(b["GFLOPS"])
@@ -46,8 +57,12 @@ def main(path):
         bw = g(b["weight_GBps"])
         rd = stream.get(("read", t))
         mem = f"{bw:.1f} | {100 * bw / g(rd):.0f}%" if m == "m1" and rd else " | "
-        print(f"| {isa} | {kind} | {shape} | {m[1:]} | {t[1:]} | {gf:.1f} | "
-              f"{100 * gf / pk:.0f}% | {mem} |" if pk else f"| {isa} | {kind} | {shape} | {m[1:]} | {t[1:]} | {gf:.1f} | | {mem} |")
+        pct = f"{100 * gf / pk:.0f}%" if pk else ""
+        cpu = ""
+        if t == "t1" and isa in peak_cpu:
+            gc = gf * busy(b)
+            cpu = f"{gc:.1f} ({100 * gc / peak_cpu[isa]:.0f}%)"
+        print(f"| {isa} | {kind} | {shape} | {m[1:]} | {t[1:]} | {gf:.1f} | {pct} | {mem} | {cpu} |")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ namespace kvant::kernels {
 namespace {
 
 // Traits T supply:
-//   kNB (multiple of 16), kKCP, kMR, XElem, kXPerPair (x values per k pair in the strip buffer)
+//   kNB (multiple of 16; W rows per block when repacking into the stack buffer),
+//   kNBPacked (the same for pre-packed W, which needs no buffer: larger blocks
+//   convert each x strip fewer times), kKCP, kMR, XElem, kXPerPair (x values per
+//   k pair in the strip buffer)
 //   pack_w(w, k, j0, rows, q0, kc, out): rows [j0, j0+rows) of W, pairs [q0, q0+kc) -> panels
 //     with stride kc*16 dwords, rows past `rows` zero.
 //   pack_x(x, ldx, rows, k, q0, kc, xb): kMR rows with stride kKCP*kXPerPair, pairs [q0, q0+kc),
@@ -40,8 +43,9 @@ void gemm_blocked(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint1
   // Packed panels sit at multiples of 16 rows; plain weights are repacked from n0.
   const int64_t jstart = wp ? n0 / 16 * 16 : n0;
   const uint32_t* wp32 = reinterpret_cast<const uint32_t*>(wp);
-  for (int64_t jb = jstart; jb < n1; jb += T::kNB) {
-    const int64_t jend = std::min(jb + T::kNB, n1);
+  const int64_t nb = wp ? T::kNBPacked : T::kNB;
+  for (int64_t jb = jstart; jb < n1; jb += nb) {
+    const int64_t jend = std::min(jb + nb, n1);
     const int64_t npanels = (jend - jb + 15) / 16;
     for (int64_t q0 = 0; q0 < kp; q0 += T::kKCP) {
       const int64_t kc = std::min<int64_t>(T::kKCP, kp - q0);

@@ -170,7 +170,8 @@ inline void fma_6x1(__m256* acc, const uint32_t* w, const float* x, int64_t kc) 
 }
 
 struct FmaTraits {
-  static constexpr int64_t kNB = 64;    // W rows per block (4 panels)
+  static constexpr int64_t kNB = 64;  // W rows per block (4 panels)
+  static constexpr int64_t kNBPacked = 256;
   static constexpr int64_t kKCP = 128;  // k pairs per block: 4 panels x 128 x 64 B = 32 KB
   static constexpr int kMR = 6;
   using XElem = float;

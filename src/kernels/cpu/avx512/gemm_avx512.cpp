@@ -157,9 +157,10 @@ inline void fma_8x3(__m512* acc, const uint32_t* w, int64_t ps, const float* x, 
 }
 
 struct FmaTraits {
-  static constexpr int64_t kNB = 96;    // W rows per block (6 panels, two 8x3 sweeps)
-  static constexpr int64_t kKCP = 128;  // k pairs per block: 6 panels x 128 x 64 B = 48 KB
-  static constexpr int kMR = 8;         // x rows per strip
+  static constexpr int64_t kNB = 96;         // W rows per block (6 panels, two 8x3 sweeps)
+  static constexpr int64_t kNBPacked = 288;  // 18 panels; measured ~10% faster at m=512
+  static constexpr int64_t kKCP = 128;       // k pairs per block: 6 panels x 128 x 64 B = 48 KB
+  static constexpr int kMR = 8;              // x rows per strip
   using XElem = float;
   static constexpr int64_t kXPerPair = 2;
   static constexpr int64_t kLdx = kKCP * kXPerPair;

@@ -18,6 +18,7 @@ using avx512::col_mask;
 
 struct DpTraits {
   static constexpr int64_t kNB = 128;
+  static constexpr int64_t kNBPacked = 256;
   static constexpr int64_t kKCP = 128;
   static constexpr int kMR = 12;
   using XElem = uint32_t;
