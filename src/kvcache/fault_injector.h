@@ -20,11 +20,11 @@
 namespace kvant {
 
 struct FaultCounts {
-  uint64_t reassigned = 0;   // (a)
-  uint64_t redirected = 0;   // (b) entry points at another page
-  uint64_t flipped = 0;      // (b) entry's generation changed
-  uint64_t double_frees = 0; // (c)
-  uint64_t early_frees = 0;  // (d)
+  uint64_t reassigned = 0;    // (a)
+  uint64_t redirected = 0;    // (b) entry points at another page
+  uint64_t flipped = 0;       // (b) entry's generation changed
+  uint64_t double_frees = 0;  // (c)
+  uint64_t early_frees = 0;   // (d)
   uint64_t total() const { return reassigned + redirected + flipped + double_frees + early_frees; }
 };
 

@@ -19,18 +19,24 @@ constexpr int64_t kMaxPageBytes = int64_t(1) << 34;
 
 const char* kv_dtype_name(KvDType d) {
   switch (d) {
-    case KvDType::kBf16: return "bf16";
-    case KvDType::kFp8E4m3: return "fp8_e4m3";
-    case KvDType::kFp8E5m2: return "fp8_e5m2";
+    case KvDType::kBf16:
+      return "bf16";
+    case KvDType::kFp8E4m3:
+      return "fp8_e4m3";
+    case KvDType::kFp8E5m2:
+      return "fp8_e5m2";
   }
   return "?";
 }
 
 const char* kv_scale_mode_name(KvScaleMode m) {
   switch (m) {
-    case KvScaleMode::kNone: return "none";
-    case KvScaleMode::kStatic: return "static";
-    case KvScaleMode::kDynamic: return "dynamic";
+    case KvScaleMode::kNone:
+      return "none";
+    case KvScaleMode::kStatic:
+      return "static";
+    case KvScaleMode::kDynamic:
+      return "dynamic";
   }
   return "?";
 }
@@ -39,9 +45,12 @@ int64_t kv_dtype_bytes(KvDType d) { return d == KvDType::kBf16 ? 2 : 1; }
 
 float kv_dtype_max_finite(KvDType d) {
   switch (d) {
-    case KvDType::kBf16: return 0.0f;
-    case KvDType::kFp8E4m3: return kFp8E4m3Max;
-    case KvDType::kFp8E5m2: return kFp8E5m2Max;
+    case KvDType::kBf16:
+      return 0.0f;
+    case KvDType::kFp8E4m3:
+      return kFp8E4m3Max;
+    case KvDType::kFp8E5m2:
+      return kFp8E5m2Max;
   }
   return 0.0f;
 }
@@ -49,10 +58,11 @@ float kv_dtype_max_finite(KvDType d) {
 Result<KvLayout> make_kv_layout(const KvGeometry& g) {
   auto dim_ok = [](int64_t v) { return v > 0 && v <= kMaxDim; };
   if (!dim_ok(g.layers) || !dim_ok(g.kv_heads) || !dim_ok(g.head_dim) || !dim_ok(g.page_tokens))
-    return make_error("kv geometry: layers, kv_heads, head_dim and page_tokens must be in [1, 2^20]"
-                      " (got " + std::to_string(g.layers) + ", " + std::to_string(g.kv_heads) +
-                      ", " + std::to_string(g.head_dim) + ", " + std::to_string(g.page_tokens) +
-                      ")");
+    return make_error(
+        "kv geometry: layers, kv_heads, head_dim and page_tokens must be in [1, 2^20]"
+        " (got " +
+        std::to_string(g.layers) + ", " + std::to_string(g.kv_heads) + ", " +
+        std::to_string(g.head_dim) + ", " + std::to_string(g.page_tokens) + ")");
   if (g.dtype != KvDType::kBf16 && g.dtype != KvDType::kFp8E4m3 && g.dtype != KvDType::kFp8E5m2)
     return make_error("kv geometry: unknown dtype " + std::to_string(int(g.dtype)));
   const bool fp8 = g.dtype != KvDType::kBf16;
@@ -67,8 +77,7 @@ Result<KvLayout> make_kv_layout(const KvGeometry& g) {
   l.geometry = g;
   l.elem_bytes = kv_dtype_bytes(g.dtype);
   l.row_elems = g.kv_heads * g.head_dim;
-  if (l.row_elems > kMaxDim)
-    return make_error("kv geometry: kv_heads * head_dim exceeds 2^20");
+  if (l.row_elems > kMaxDim) return make_error("kv geometry: kv_heads * head_dim exceeds 2^20");
   l.data_block_bytes = round_up(g.page_tokens * l.row_elems * l.elem_bytes, kKvBlockAlign);
   const bool dynamic = g.scale_mode == KvScaleMode::kDynamic;
   l.scale_block_bytes =

@@ -50,16 +50,16 @@ inline constexpr int64_t kKvBlockAlign = 64;
 // and v_scale_offset == k_scale_offset.
 struct KvLayout {
   KvGeometry geometry;
-  int64_t elem_bytes = 0;        // bytes per stored element
-  int64_t row_elems = 0;         // kv_heads * head_dim, one token's K (or V)
-  int64_t data_block_bytes = 0;  // [page_tokens, kv_heads, head_dim] elements, padded to 64
-  int64_t scale_block_bytes = 0; // [page_tokens, kv_heads] FP32, padded to 64; 0 unless dynamic
+  int64_t elem_bytes = 0;         // bytes per stored element
+  int64_t row_elems = 0;          // kv_heads * head_dim, one token's K (or V)
+  int64_t data_block_bytes = 0;   // [page_tokens, kv_heads, head_dim] elements, padded to 64
+  int64_t scale_block_bytes = 0;  // [page_tokens, kv_heads] FP32, padded to 64; 0 unless dynamic
   int64_t k_offset = 0;
   int64_t v_offset = 0;
-  int64_t k_scale_offset = 0;    // meaningful in dynamic mode only
+  int64_t k_scale_offset = 0;  // meaningful in dynamic mode only
   int64_t v_scale_offset = 0;
-  int64_t layer_bytes = 0;       // one layer's blocks, a multiple of 64
-  int64_t page_bytes = 0;        // layers * layer_bytes
+  int64_t layer_bytes = 0;  // one layer's blocks, a multiple of 64
+  int64_t page_bytes = 0;   // layers * layer_bytes
   // Bytes a token needs without padding: layers * (K + V rows + scales).
   // Equals page_bytes / page_tokens whenever no block needs padding (e.g.
   // page_tokens a multiple of 16).
@@ -71,7 +71,7 @@ struct KvLayout {
 Result<KvLayout> make_kv_layout(const KvGeometry& g);
 
 // Whole pages that fit in `bytes` of arena (metadata outside the arena --
-// refcounts, generations, checksums, about 24 bytes a page -- is not counted).
+// refcounts, generations, free list, checksums: 21 bytes a page -- is not counted).
 int64_t kv_pages_for_budget(const KvLayout& layout, int64_t bytes);
 
 // What one token of capacity costs in arena bytes, padding included:

@@ -24,9 +24,12 @@ bool span_is_clean(const uint32_t* gens, uint32_t n, const PageRef* refs, size_t
 
 const char* verify_fault_name(VerifyFault f) {
   switch (f) {
-    case VerifyFault::kStaleGeneration: return "generation mismatch";
-    case VerifyFault::kPageFree: return "page is free";
-    case VerifyFault::kBadPage: return "page id out of range";
+    case VerifyFault::kStaleGeneration:
+      return "generation mismatch";
+    case VerifyFault::kPageFree:
+      return "page is free";
+    case VerifyFault::kBadPage:
+      return "page id out of range";
   }
   return "?";
 }
@@ -50,14 +53,16 @@ size_t KvVerifier::verify(std::span<const VerifyItem> items, std::vector<VerifyF
     // Slow path, only for a failing sequence: name every bad entry.
     for (size_t i = 0; i < item.refs.size(); ++i) {
       const PageRef r = item.refs[i];
-      VerifyFailure f{item.sequence, uint32_t(i), r.page, r.generation, 0,
-                      VerifyFault::kStaleGeneration};
+      VerifyFailure f{item.sequence, uint32_t(i), r.page,
+                      r.generation,  0,           VerifyFault::kStaleGeneration};
       if (r.page >= n) {
         f.fault = VerifyFault::kBadPage;
       } else {
         f.actual_generation = gens[r.page];
-        if (f.actual_generation == kFreeGeneration) f.fault = VerifyFault::kPageFree;
-        else if (f.actual_generation == r.generation) continue;
+        if (f.actual_generation == kFreeGeneration)
+          f.fault = VerifyFault::kPageFree;
+        else if (f.actual_generation == r.generation)
+          continue;
       }
       out.push_back(f);
       ++found;

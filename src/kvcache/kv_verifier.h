@@ -33,7 +33,7 @@ const char* verify_fault_name(VerifyFault f);
 
 struct VerifyFailure {
   uint64_t sequence = 0;
-  uint32_t index = 0;                // position of the ref in the item's span
+  uint32_t index = 0;  // position of the ref in the item's span
   uint32_t page = 0;
   uint32_t expected_generation = 0;  // what the sequence recorded
   uint32_t actual_generation = 0;    // the pool's (0: free or out of range)

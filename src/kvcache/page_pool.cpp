@@ -109,9 +109,9 @@ Result<void> PagePool::check_ref(PageRef ref, const char* what) const {
                       " is free (double free or use after free; reference generation " +
                       std::to_string(ref.generation) + ")");
   if (cur != ref.generation)
-    return make_error(std::string(what) + ": stale reference to page " +
-                      std::to_string(ref.page) + ": expected generation " +
-                      std::to_string(ref.generation) + ", page has " + std::to_string(cur));
+    return make_error(std::string(what) + ": stale reference to page " + std::to_string(ref.page) +
+                      ": expected generation " + std::to_string(ref.generation) + ", page has " +
+                      std::to_string(cur));
   return {};
 }
 
@@ -254,15 +254,17 @@ void PagePool::read_token(uint32_t page, int64_t slot, int64_t layer, float* k, 
   for (int s = 0; s < 2; ++s) {
     float* out = s == 0 ? k : v;
     if (out == nullptr) continue;
-    const auto* src = static_cast<const uint8_t*>(s == 0 ? k_data(page, layer)
-                                                         : v_data(page, layer)) +
-                      slot * row_bytes;
+    const auto* src =
+        static_cast<const uint8_t*>(s == 0 ? k_data(page, layer) : v_data(page, layer)) +
+        slot * row_bytes;
     const float* dyn = s == 0 ? k_scales(page, layer) : v_scales(page, layer);
     const float* fixed = s == 0 ? static_k_scales(layer) : static_v_scales(layer);
     for (int64_t h = 0; h < g.kv_heads; ++h) {
       float scale = 1.0f;
-      if (g.scale_mode == KvScaleMode::kDynamic) scale = dyn[slot * g.kv_heads + h];
-      else if (g.scale_mode == KvScaleMode::kStatic) scale = fixed[h];
+      if (g.scale_mode == KvScaleMode::kDynamic)
+        scale = dyn[slot * g.kv_heads + h];
+      else if (g.scale_mode == KvScaleMode::kStatic)
+        scale = fixed[h];
       kv_decode_row(g.dtype, src + h * head_bytes, g.head_dim, scale, out + h * g.head_dim);
     }
   }

@@ -140,8 +140,8 @@ class PagePool {
 
   struct Stats {
     uint64_t allocations = 0;
-    uint64_t releases = 0;       // successful
-    uint64_t release_errors = 0; // double free, stale or bad id
+    uint64_t releases = 0;        // successful
+    uint64_t release_errors = 0;  // double free, stale or bad id
   };
   const Stats& stats() const { return stats_; }
 
@@ -156,14 +156,14 @@ class PagePool {
 
   KvLayout layout_;
   uint32_t num_pages_ = 0;
-  AlignedBuffer<uint8_t> arena_;          // [num_pages, page_bytes]
-  std::vector<uint32_t> generations_;     // [num_pages]; 0 = free
-  std::vector<uint32_t> refcounts_;       // [num_pages]
-  std::vector<uint32_t> free_list_;       // stack; capacity num_pages, never reallocates
-  std::vector<uint64_t> checksums_;       // [num_pages], valid where sealed_
-  std::vector<uint8_t> sealed_;           // [num_pages]
-  std::vector<float> static_k_;           // [layers, kv_heads] (kStatic)
-  std::vector<float> static_v_;           // [layers, kv_heads] (kStatic, !shared_kv)
+  AlignedBuffer<uint8_t> arena_;       // [num_pages, page_bytes]
+  std::vector<uint32_t> generations_;  // [num_pages]; 0 = free
+  std::vector<uint32_t> refcounts_;    // [num_pages]
+  std::vector<uint32_t> free_list_;    // stack; capacity num_pages, never reallocates
+  std::vector<uint64_t> checksums_;    // [num_pages], valid where sealed_
+  std::vector<uint8_t> sealed_;        // [num_pages]
+  std::vector<float> static_k_;        // [layers, kv_heads] (kStatic)
+  std::vector<float> static_v_;        // [layers, kv_heads] (kStatic, !shared_kv)
   uint32_t next_generation_ = 1;
   Stats stats_;
 };

@@ -26,8 +26,7 @@ uint64_t PagePool::compute_checksum(uint32_t page) const {
 }
 
 Result<void> PagePool::seal(uint32_t page) {
-  if (page >= num_pages_)
-    return make_error("seal: page " + std::to_string(page) + " out of range");
+  if (page >= num_pages_) return make_error("seal: page " + std::to_string(page) + " out of range");
   if (generations_[page] == kFreeGeneration)
     return make_error("seal: page " + std::to_string(page) + " is free");
   checksums_[page] = compute_checksum(page);

@@ -33,8 +33,10 @@ KvSlot page_table_locate(const PageTable& t, int64_t position, int64_t page_toke
 ReleaseCounts page_table_release(PagePool& pool, PageTable& t) {
   ReleaseCounts c;
   for (const PageRef& r : t.pages) {
-    if (pool.release(r)) ++c.released;
-    else ++c.rejected;
+    if (pool.release(r))
+      ++c.released;
+    else
+      ++c.rejected;
   }
   t.pages.clear();
   t.tokens = 0;

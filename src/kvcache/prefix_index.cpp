@@ -198,7 +198,8 @@ int64_t PrefixIndex::evictable_pages() const {
   for (uint32_t s : order) {
     const Entry& e = entries_[s];
     const bool alone = pool_.is_current(e.ref) && pool_.refcount(e.ref.page) == 1;
-    if (alone && !blocked[s]) ++n;
+    if (alone && !blocked[s])
+      ++n;
     else if (e.parent != kNoParent && entries_[e.parent].serial == e.parent_serial)
       blocked[e.parent] = 1;
   }

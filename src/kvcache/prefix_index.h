@@ -30,10 +30,10 @@ struct PrefixIndexOptions {
 
 struct PrefixStats {
   uint64_t lookups = 0;
-  uint64_t hit_pages = 0;   // full pages found and reused
-  uint64_t miss_pages = 0;  // full pages of a lookup not found
-  uint64_t hit_tokens = 0;  // hit_pages * page_tokens
-  uint64_t miss_tokens = 0; // every other looked-up token, partial tail included
+  uint64_t hit_pages = 0;    // full pages found and reused
+  uint64_t miss_pages = 0;   // full pages of a lookup not found
+  uint64_t hit_tokens = 0;   // hit_pages * page_tokens
+  uint64_t miss_tokens = 0;  // every other looked-up token, partial tail included
   uint64_t inserted_pages = 0;
   uint64_t evicted_pages = 0;
   uint64_t stale_dropped = 0;      // entries whose page was taken behind the index's back
@@ -62,7 +62,8 @@ class PrefixIndex {
   // Frees up to n_pages pages held by the index alone, least recently used
   // first (a chain's tail goes before its head). Returns pages freed.
   int64_t evict_for(int64_t n_pages);
-  // Pages that evict_for could free now.
+  // Pages that evict_for could free now. O(entries log entries) with scratch
+  // allocation: for planning and reports, not for every decode step.
   int64_t evictable_pages() const;
 
   // Drops entries whose page was freed or reallocated without the index (only
@@ -83,8 +84,8 @@ class PrefixIndex {
     uint64_t serial = 0;         // 0 = unused slot; never reused, so a dead parent never matches
     uint64_t parent_serial = 0;  // 0 for a chain head
     uint32_t parent = kNoParent;
-    uint32_t children = 0;       // live entries naming this one as parent
-    uint32_t depth = 0;          // page index in its chain
+    uint32_t children = 0;  // live entries naming this one as parent
+    uint32_t depth = 0;     // page index in its chain
     PageRef ref;
     uint64_t last_used = 0;
   };

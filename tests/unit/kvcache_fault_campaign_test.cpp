@@ -28,9 +28,10 @@ namespace {
 constexpr int64_t kP = 4;  // page_tokens
 
 std::unique_ptr<PagePool> make_pool(int64_t pages) {
-  auto p = PagePool::create({.geometry = {.layers = 1, .kv_heads = 1, .head_dim = 8,
-                                          .dtype = KvDType::kBf16, .page_tokens = kP},
-                             .num_pages = pages});
+  auto p = PagePool::create(
+      {.geometry =
+           {.layers = 1, .kv_heads = 1, .head_dim = 8, .dtype = KvDType::kBf16, .page_tokens = kP},
+       .num_pages = pages});
   EXPECT_TRUE(p.ok());
   return std::move(p.value());
 }
@@ -201,9 +202,9 @@ class Campaign {
  private:
   struct Expect {
     FaultKind kind = kReassign;
-    std::vector<uint64_t> stale;   // sequences verify() must flag, sorted
-    bool pool_refused = false;     // the pool returned an error at injection
-    bool checker_required = false; // only the invariant checker can see it
+    std::vector<uint64_t> stale;    // sequences verify() must flag, sorted
+    bool pool_refused = false;      // the pool returned an error at injection
+    bool checker_required = false;  // only the invariant checker can see it
   };
 
   std::vector<uint64_t> holders_of(PageRef r) const {
@@ -270,7 +271,8 @@ class Campaign {
         e.checker_required = pool_->is_current(old);
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return true;
   }
@@ -422,28 +424,30 @@ TEST(KvFaultCampaign, EveryFaultDetectedNoFalsePositives) {
   const Tally& t = c.tally();
   uint64_t injected = 0, undetected = 0;
   for (int k = 0; k < kKinds; ++k) {
-    std::printf("[kv faults] %-22s injected %4llu  caught by pool %4llu  verify %4llu  "
-                "checker %4llu  undetected %llu\n",
-                kKindNames[k], (unsigned long long)t.injected[k], (unsigned long long)t.by_pool[k],
-                (unsigned long long)t.by_verify[k], (unsigned long long)t.by_checker[k],
-                (unsigned long long)t.undetected[k]);
+    std::printf(
+        "[kv faults] %-22s injected %4llu  caught by pool %4llu  verify %4llu  "
+        "checker %4llu  undetected %llu\n",
+        kKindNames[k], (unsigned long long)t.injected[k], (unsigned long long)t.by_pool[k],
+        (unsigned long long)t.by_verify[k], (unsigned long long)t.by_checker[k],
+        (unsigned long long)t.undetected[k]);
     injected += t.injected[k];
     undetected += t.undetected[k];
   }
   const PrefixStats& ps = c.index().stats();
-  std::printf("[kv faults] total injected %llu, undetected %llu, verify mismatches %llu; "
-              "clean steps %llu, false positives %llu; page refs verified %llu in %llu passes\n",
-              (unsigned long long)injected, (unsigned long long)undetected,
-              (unsigned long long)t.verify_mismatch, (unsigned long long)t.clean_steps,
-              (unsigned long long)t.false_positives,
-              (unsigned long long)c.verifier().stats().checks,
-              (unsigned long long)c.verifier().stats().passes);
-  std::printf("[kv faults] completions %llu (corrupted %llu), aborted %llu, preempted %llu, "
-              "invariant sweeps %llu; prefix hit pages %llu / miss %llu, evicted %llu\n",
-              (unsigned long long)t.finished, (unsigned long long)t.corrupted,
-              (unsigned long long)t.aborted, (unsigned long long)t.preempted,
-              (unsigned long long)t.sweeps, (unsigned long long)ps.hit_pages,
-              (unsigned long long)ps.miss_pages, (unsigned long long)ps.evicted_pages);
+  std::printf(
+      "[kv faults] total injected %llu, undetected %llu, verify mismatches %llu; "
+      "clean steps %llu, false positives %llu; page refs verified %llu in %llu passes\n",
+      (unsigned long long)injected, (unsigned long long)undetected,
+      (unsigned long long)t.verify_mismatch, (unsigned long long)t.clean_steps,
+      (unsigned long long)t.false_positives, (unsigned long long)c.verifier().stats().checks,
+      (unsigned long long)c.verifier().stats().passes);
+  std::printf(
+      "[kv faults] completions %llu (corrupted %llu), aborted %llu, preempted %llu, "
+      "invariant sweeps %llu; prefix hit pages %llu / miss %llu, evicted %llu\n",
+      (unsigned long long)t.finished, (unsigned long long)t.corrupted,
+      (unsigned long long)t.aborted, (unsigned long long)t.preempted, (unsigned long long)t.sweeps,
+      (unsigned long long)ps.hit_pages, (unsigned long long)ps.miss_pages,
+      (unsigned long long)ps.evicted_pages);
   EXPECT_GE(injected, 1000u);
   EXPECT_EQ(injected, c.injector().counts().total());
   EXPECT_EQ(undetected, 0u);

@@ -16,12 +16,17 @@ namespace {
 constexpr int64_t kGiB = int64_t(1) << 30;
 
 KvGeometry smollm2(KvDType d, KvScaleMode m) {
-  return KvGeometry{.layers = 30, .kv_heads = 3, .head_dim = 64, .dtype = d, .page_tokens = 16,
-                    .scale_mode = m};
+  return KvGeometry{
+      .layers = 30, .kv_heads = 3, .head_dim = 64, .dtype = d, .page_tokens = 16, .scale_mode = m};
 }
 KvGeometry kimi_k2(KvDType d, KvScaleMode m) {
-  return KvGeometry{.layers = 61, .kv_heads = 1, .head_dim = 512 + 64, .dtype = d,
-                    .page_tokens = 16, .scale_mode = m, .shared_kv = true};
+  return KvGeometry{.layers = 61,
+                    .kv_heads = 1,
+                    .head_dim = 512 + 64,
+                    .dtype = d,
+                    .page_tokens = 16,
+                    .scale_mode = m,
+                    .shared_kv = true};
 }
 
 KvLayout layout_of(const KvGeometry& g) {
@@ -84,8 +89,12 @@ TEST(KvLayout, MlaSharedRowStoredOnce) {
 
 TEST(KvLayout, BlocksAre64ByteAlignedWithPaddingCounted) {
   // One token of 8 BF16 values is 16 bytes; every block is padded to 64.
-  const KvGeometry g{.layers = 3, .kv_heads = 1, .head_dim = 8, .dtype = KvDType::kFp8E4m3,
-                     .page_tokens = 3, .scale_mode = KvScaleMode::kDynamic};
+  const KvGeometry g{.layers = 3,
+                     .kv_heads = 1,
+                     .head_dim = 8,
+                     .dtype = KvDType::kFp8E4m3,
+                     .page_tokens = 3,
+                     .scale_mode = KvScaleMode::kDynamic};
   const KvLayout l = layout_of(g);
   EXPECT_EQ(l.data_block_bytes, 64);   // 24 bytes of data
   EXPECT_EQ(l.scale_block_bytes, 64);  // 12 bytes of scales
@@ -111,11 +120,12 @@ TEST(KvLayout, Fp8HoldsAtLeast1point9TimesBf16InTheSameBudget) {
     const int64_t t_bf = kv_pages_for_budget(bf, budget) * pt;
     const int64_t t_st = kv_pages_for_budget(st, budget) * pt;
     const int64_t t_dy = kv_pages_for_budget(dy, budget) * pt;
-    std::printf("[kv capacity] %s, 2 GiB: bf16 %lld tokens (%.0f B/token), fp8 static %lld (%.0f), "
-                "fp8 dynamic %lld (%.0f), ratios %.3f / %.3f\n",
-                c.name, (long long)t_bf, kv_bytes_per_token(bf), (long long)t_st,
-                kv_bytes_per_token(st), (long long)t_dy, kv_bytes_per_token(dy),
-                double(t_st) / double(t_bf), double(t_dy) / double(t_bf));
+    std::printf(
+        "[kv capacity] %s, 2 GiB: bf16 %lld tokens (%.0f B/token), fp8 static %lld (%.0f), "
+        "fp8 dynamic %lld (%.0f), ratios %.3f / %.3f\n",
+        c.name, (long long)t_bf, kv_bytes_per_token(bf), (long long)t_st, kv_bytes_per_token(st),
+        (long long)t_dy, kv_bytes_per_token(dy), double(t_st) / double(t_bf),
+        double(t_dy) / double(t_bf));
     EXPECT_GE(double(t_st), 1.9 * double(t_bf)) << c.name;
     EXPECT_LT(t_dy, t_st) << c.name;  // scale bytes are counted
   }
@@ -187,8 +197,7 @@ TEST(KvLayout, PoolRejectsBadOptions) {
   o.static_k_scales.assign(90, 1.0f);
   o.static_k_scales[17] = -1.0f;
   EXPECT_NE(err(o).find("scale 17"), std::string::npos);
-  PagePoolOptions mla{.geometry = kimi_k2(KvDType::kFp8E4m3, KvScaleMode::kStatic),
-                      .num_pages = 2};
+  PagePoolOptions mla{.geometry = kimi_k2(KvDType::kFp8E4m3, KvScaleMode::kStatic), .num_pages = 2};
   mla.static_k_scales.assign(61, 1.0f);
   mla.static_v_scales.assign(61, 1.0f);
   EXPECT_NE(err(mla).find("shared_kv"), std::string::npos);

@@ -31,8 +31,8 @@ std::unique_ptr<PagePool> make_pool(KvGeometry g, int64_t pages, std::vector<flo
 }
 
 KvGeometry small(KvDType d = KvDType::kBf16, KvScaleMode m = KvScaleMode::kNone) {
-  return KvGeometry{.layers = 2, .kv_heads = 2, .head_dim = 16, .dtype = d, .page_tokens = 4,
-                    .scale_mode = m};
+  return KvGeometry{
+      .layers = 2, .kv_heads = 2, .head_dim = 16, .dtype = d, .page_tokens = 4, .scale_mode = m};
 }
 
 bool has(const Result<void>& r, const char* text) {
@@ -133,7 +133,8 @@ TEST(KvPool, InvariantCheckerComparesHoldersWithRefcounts) {
 }
 
 // Every element of the page equals the scalar codec applied to the input.
-void expect_round_trip(const KvGeometry& g, std::vector<float> ks = {}, std::vector<float> vs = {}) {
+void expect_round_trip(const KvGeometry& g, std::vector<float> ks = {},
+                       std::vector<float> vs = {}) {
   auto pool = make_pool(g, 3, ks, vs);
   ASSERT_NE(pool, nullptr);
   std::mt19937 rng(7);
@@ -167,7 +168,8 @@ void expect_round_trip(const KvGeometry& g, std::vector<float> ks = {}, std::vec
           float scale = 1.0f;
           if (g.scale_mode == KvScaleMode::kDynamic) {
             scale = kv_dynamic_scale(g.dtype, x, g.head_dim);
-            const float* stored = stream == 0 ? pool->k_scales(p.page, l) : pool->v_scales(p.page, l);
+            const float* stored =
+                stream == 0 ? pool->k_scales(p.page, l) : pool->v_scales(p.page, l);
             EXPECT_EQ(stored[s * g.kv_heads + h], scale);
             const bool zero_row = s == 1 && (stream == 0 || g.shared_kv);
             if (!zero_row) {
@@ -187,7 +189,7 @@ void expect_round_trip(const KvGeometry& g, std::vector<float> ks = {}, std::vec
                 << "layer " << l << " slot " << s << " stream " << stream << " head " << h;
             // Independent error bound: half an ulp of the format's mantissa,
             // relative to the value, or a subnormal step of the scale.
-            const float rel = g.dtype == KvDType::kBf16 ? 1.0f / 256
+            const float rel = g.dtype == KvDType::kBf16      ? 1.0f / 256
                               : g.dtype == KvDType::kFp8E4m3 ? 1.0f / 16
                                                              : 1.0f / 8;
             const float sub = g.dtype == KvDType::kFp8E4m3 ? 0x1p-10f : 0x1p-17f;
@@ -214,8 +216,13 @@ TEST(KvPool, RoundTripFp8StaticPerLayerAndPerHead) {
                     {1e-4f, 2e-4f, 3e-4f, 4e-4f});
 }
 TEST(KvPool, RoundTripMlaSharedRow) {
-  KvGeometry g{.layers = 2, .kv_heads = 1, .head_dim = 512 + 64, .dtype = KvDType::kFp8E4m3,
-               .page_tokens = 2, .scale_mode = KvScaleMode::kDynamic, .shared_kv = true};
+  KvGeometry g{.layers = 2,
+               .kv_heads = 1,
+               .head_dim = 512 + 64,
+               .dtype = KvDType::kFp8E4m3,
+               .page_tokens = 2,
+               .scale_mode = KvScaleMode::kDynamic,
+               .shared_kv = true};
   expect_round_trip(g);
   g.scale_mode = KvScaleMode::kStatic;
   expect_round_trip(g, {0.02f, 0.03f});
@@ -225,14 +232,18 @@ TEST(KvPool, RoundTripMlaSharedRow) {
 }
 
 TEST(KvPool, MlaVReadsTheKBlock) {
-  const KvGeometry g{.layers = 3, .kv_heads = 1, .head_dim = 576, .dtype = KvDType::kFp8E4m3,
-                     .page_tokens = 16, .scale_mode = KvScaleMode::kDynamic, .shared_kv = true};
+  const KvGeometry g{.layers = 3,
+                     .kv_heads = 1,
+                     .head_dim = 576,
+                     .dtype = KvDType::kFp8E4m3,
+                     .page_tokens = 16,
+                     .scale_mode = KvScaleMode::kDynamic,
+                     .shared_kv = true};
   auto pool = make_pool(g, 2);
   for (int64_t l = 0; l < 3; ++l) {
     EXPECT_EQ(pool->k_data(1, l), pool->v_data(1, l));
     EXPECT_EQ(pool->k_scales(1, l), pool->v_scales(1, l));
-    EXPECT_EQ(static_cast<uint8_t*>(pool->k_data(1, l)) - pool->page_data(1),
-              l * (16 * 576 + 64));
+    EXPECT_EQ(static_cast<uint8_t*>(pool->k_data(1, l)) - pool->page_data(1), l * (16 * 576 + 64));
   }
 }
 
@@ -245,10 +256,8 @@ TEST(KvPool, BlockPointersFollowTheLayout) {
       const int64_t at = int64_t(p) * l.page_bytes + layer * l.layer_bytes;
       EXPECT_EQ(static_cast<uint8_t*>(pool->k_data(p, layer)) - base, at + l.k_offset);
       EXPECT_EQ(static_cast<uint8_t*>(pool->v_data(p, layer)) - base, at + l.v_offset);
-      EXPECT_EQ(reinterpret_cast<uint8_t*>(pool->k_scales(p, layer)) - base,
-                at + l.k_scale_offset);
-      EXPECT_EQ(reinterpret_cast<uint8_t*>(pool->v_scales(p, layer)) - base,
-                at + l.v_scale_offset);
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(pool->k_scales(p, layer)) - base, at + l.k_scale_offset);
+      EXPECT_EQ(reinterpret_cast<uint8_t*>(pool->v_scales(p, layer)) - base, at + l.v_scale_offset);
     }
   auto bf = make_pool(small(), 1);
   EXPECT_EQ(bf->k_scales(0, 0), nullptr);

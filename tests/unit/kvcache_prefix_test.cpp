@@ -19,9 +19,10 @@ namespace {
 constexpr int64_t kP = 4;  // page_tokens
 
 std::unique_ptr<PagePool> make_pool(int64_t pages) {
-  auto p = PagePool::create({.geometry = {.layers = 1, .kv_heads = 1, .head_dim = 8,
-                                          .dtype = KvDType::kBf16, .page_tokens = kP},
-                             .num_pages = pages});
+  auto p = PagePool::create(
+      {.geometry =
+           {.layers = 1, .kv_heads = 1, .head_dim = 8, .dtype = KvDType::kBf16, .page_tokens = kP},
+       .num_pages = pages});
   EXPECT_TRUE(p.ok());
   return std::move(p.value());
 }
@@ -113,8 +114,8 @@ TEST(KvPrefix, SamePageUnderADifferentPrefixDoesNotMatch) {
 TEST(KvPrefix, EvictsLeastRecentlyUsedTailFirst) {
   auto pool = make_pool(8);
   PrefixIndex index(*pool);
-  PageTable a = prefill(*pool, index, seq(0, 12));    // chain A: 3 pages
-  PageTable b = prefill(*pool, index, seq(100, 8));   // chain B: 2 pages
+  PageTable a = prefill(*pool, index, seq(0, 12));   // chain A: 3 pages
+  PageTable b = prefill(*pool, index, seq(100, 8));  // chain B: 2 pages
   page_table_release(*pool, a);
   page_table_release(*pool, b);
   EXPECT_EQ(pool->free_pages(), 3);

@@ -18,9 +18,10 @@ namespace kvant {
 namespace {
 
 std::unique_ptr<PagePool> make_pool(int64_t pages) {
-  auto p = PagePool::create({.geometry = {.layers = 1, .kv_heads = 1, .head_dim = 8,
-                                          .dtype = KvDType::kBf16, .page_tokens = 4},
-                             .num_pages = pages});
+  auto p = PagePool::create(
+      {.geometry =
+           {.layers = 1, .kv_heads = 1, .head_dim = 8, .dtype = KvDType::kBf16, .page_tokens = 4},
+       .num_pages = pages});
   EXPECT_TRUE(p.ok());
   return std::move(p.value());
 }
@@ -77,10 +78,10 @@ TEST(KvVerify, ReportsEachKindOfBadEntry) {
   EXPECT_EQ(out[3].fault, VerifyFault::kPageFree);
   EXPECT_EQ(out[3].page, 9u);
   const std::string msg = describe(out[0]);
-  EXPECT_NE(msg.find("sequence 7: page 1 (entry 1) generation mismatch: expected generation " +
-                     std::to_string(old.generation) + ", found " +
-                     std::to_string(fresh.generation)),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("sequence 7: page 1 (entry 1) generation mismatch: expected generation " +
+               std::to_string(old.generation) + ", found " + std::to_string(fresh.generation)),
+      std::string::npos)
       << msg;
   EXPECT_EQ(v.stats().violations, 4u);
   EXPECT_EQ(v.stats().checks, a.pages.size() + b.pages.size());
@@ -140,10 +141,11 @@ TEST(KvVerifyBench, NanosecondsPerPageRef) {
     const double ns =
         std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(bad, 0u);
-    std::printf("[kv verify] {\"sequences\": %d, \"pages_each\": %d, \"refs_per_pass\": %lld, "
-                "\"ns_per_pass\": %.1f, \"ns_per_ref\": %.3f}\n",
-                s.sequences, s.pages_each, (long long)refs, ns / double(passes),
-                ns / double(passes * refs));
+    std::printf(
+        "[kv verify] {\"sequences\": %d, \"pages_each\": %d, \"refs_per_pass\": %lld, "
+        "\"ns_per_pass\": %.1f, \"ns_per_ref\": %.3f}\n",
+        s.sequences, s.pages_each, (long long)refs, ns / double(passes),
+        ns / double(passes * refs));
   }
 }
 
