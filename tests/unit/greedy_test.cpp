@@ -1,10 +1,15 @@
 // The real SmolLM2-135M GGUF: kvant's greedy continuation of 5 prompts × 64
 // tokens equals transformers' on the same file (tools/fixtures/gen_greedy.py).
 // The asserted reference uses kvant's numeric recipe (BF16 weights, BF16
-// inputs to every matrix product, BF16 K/V); agreement with plain FP32
-// transformers is printed, since greedy paths legitimately part at near-ties.
+// inputs to every matrix product, BF16 K/V). Two correct implementations that
+// sum in different orders differ by a few hundredths of a logit here (logit
+// spread ~6), so where the reference's top-2 margin is below kNearTie they
+// may pick differently: the test then requires the first difference to fall
+// on such a near-tie and stops comparing that prompt (the paths have parted).
+// Agreement with plain FP32 transformers is printed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,7 +19,11 @@
 namespace kvant {
 namespace {
 
-std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n) {
+constexpr double kNearTie = 0.05;  // logits
+
+// The reference ran transformers' generate with min_new_tokens = 64, which
+// masks the end-of-sequence token until then; `masked` does the same here.
+std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n, int32_t masked) {
   const auto& c = m.config();
   SeqKv kv(c, int64_t(prompt.size()) + n);
   std::vector<float> logits(size_t(c.vocab));
@@ -25,6 +34,7 @@ std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n)
   for (int i = 0; i < n; ++i) {
     auto r = m.forward(b, logits);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    if (masked >= 0) logits[size_t(masked)] = -INFINITY;
     const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     b.tokens = {next};
@@ -40,21 +50,35 @@ TEST(GreedySmolLM2, MatchesTransformersOnTheSameGguf) {
   ASSERT_TRUE(m.ok()) << m.error().message;
   std::ifstream f(std::string(KVANT_FIXTURES) + "/greedy/smollm2.json");
   auto j = nlohmann::json::parse(f);
-  int cases = 0;
+  int cases = 0, full = 0;
   for (auto& cs : j["cases"]) {
     auto ids = cs["ids"].get<std::vector<int32_t>>();
     auto ref = cs["bf16"].get<std::vector<int32_t>>();
     auto fp32 = cs["fp32"].get<std::vector<int32_t>>();
-    auto got = greedy(**m, ids, int(ref.size()));
-    EXPECT_EQ(got, ref) << "prompt: " << cs["prompt"].get<std::string>();
+    auto margins = cs["bf16_margins"].get<std::vector<double>>();
+    ASSERT_EQ(margins.size(), ref.size());
+    auto got = greedy(**m, ids, int(ref.size()), (*m)->config().eos_id);
+    size_t eq = 0;
+    while (eq < got.size() && got[eq] == ref[eq]) ++eq;
+    if (eq < got.size()) {
+      EXPECT_LT(margins[eq], kNearTie)
+          << "prompt " << cases << ": token " << eq << " differs (" << got[eq] << " vs " << ref[eq]
+          << ") where the reference's top-2 margin is " << margins[eq] << ", not a near-tie";
+    } else {
+      ++full;
+    }
     size_t same = 0;
     while (same < got.size() && got[same] == fp32[same]) ++same;
-    std::printf("[greedy] %-40.40s recipe ref: %s, fp32 ref: first %zu/%zu tokens equal\n",
-                cs["prompt"].get<std::string>().c_str(), got == ref ? "equal" : "DIFFERENT", same,
-                got.size());
+    std::string shown = cs["prompt"].get<std::string>().substr(0, 30);
+    for (auto& ch : shown) if (ch == '\n') ch = ' ';
+    std::printf("[greedy] %-30s recipe ref: %zu/%zu equal%s; fp32 ref: first %zu equal\n",
+                shown.c_str(), eq, got.size(),
+                eq < got.size() ? (" (then a near-tie, margin " + std::to_string(margins[eq]) + ")").c_str() : "",
+                same);
     ++cases;
   }
   EXPECT_EQ(cases, 5);
+  std::printf("[greedy] %d of %d prompts equal over all 64 tokens\n", full, cases);
 }
 
 }  // namespace
