@@ -1,0 +1,40 @@
+// Per-step log-probabilities for the OpenAI `logprobs` / `top_logprobs`
+// options: the chosen token's logprob and the N most likely tokens'. Owns the
+// log-softmax over one row of logits and the top-N selection; it does not
+// decide which logits it is given (the sampler passes them after penalties
+// and before temperature, see sampler.h) nor how they are serialised.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+namespace kvant {
+
+// OpenAI accepts top_logprobs in [0, 20].
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.f;
+};
+
+// Fixed capacity so that a step's logprobs never touch the heap.
+struct StepLogprobs {
+  TokenLogprob chosen;
+  int32_t n_top = 0;
+  std::array<TokenLogprob, kMaxTopLogprobs> top{};  // [n_top], most likely first, ties: lower id
+
+  std::span<const TokenLogprob> top_tokens() const { return {top.data(), size_t(n_top)}; }
+};
+
+// log(sum_i exp(logits[i])), through the kernel table's softmax on `scratch`
+// (at least logits.size() floats). -inf when every logit is -inf.
+double log_sum_exp(std::span<const float> logits, std::span<float> scratch);
+
+// Fills `out` with the log-softmax of `logits` at `chosen` and at the
+// min(top_n, kMaxTopLogprobs) largest logits. `scratch` as for log_sum_exp.
+void compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t top_n,
+                      std::span<float> scratch, StepLogprobs& out);
+
+}  // namespace kvant
