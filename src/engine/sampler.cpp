@@ -171,7 +171,9 @@ int32_t Sampler::sample(std::span<float> logits, StepLogprobs* logprobs) {
   apply_penalties(logits);
   const size_t vocab = logits.size();
   int32_t token;
-  if (p_.temperature <= 0.f || p_.top_k == 1) {
+  // Below kGreedyBelow, logits / temperature can overflow FP32; the
+  // distribution is a point mass on the top token anyway.
+  if (p_.temperature < kGreedyBelow || p_.top_k == 1) {
     token = argmax(logits);
   } else if (p_.top_k > 0 && size_t(p_.top_k) < vocab) {
     token = sample_top_k(logits);

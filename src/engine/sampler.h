@@ -16,7 +16,8 @@
 //      temperature and truncation are not part of (they would make the
 //      logprobs depend on sampling knobs and give -inf to truncated tokens);
 //      penalties are, since they change what the request asked the model;
-//   3. temperature 0 (or top_k 1): the largest logit, ties to the lowest id;
+//   3. temperature 0 (below 1e-5, or top_k 1): the largest logit, ties to
+//      the lowest id;
 //   4. otherwise softmax(logits / temperature), then top-k (the k largest,
 //      ties to the lower id), then top-p (the shortest most-likely-first
 //      prefix of the top-k distribution, renormalised, whose mass reaches
@@ -109,7 +110,8 @@ class Sampler {
   // Draws from the weights cand_[0, n), in whatever order they are.
   int32_t draw(size_t n);
 
-  static constexpr size_t kBlock = 256;  // probs_ entries per blocks_ sum
+  static constexpr float kGreedyBelow = 1e-5f;  // temperatures that mean greedy
+  static constexpr size_t kBlock = 256;         // probs_ entries per blocks_ sum
   // Top-p histogram bins: the sign, exponent and 3 mantissa bits of a float.
   static constexpr uint32_t kBinShift = 20;
   static constexpr uint32_t kBins = 1u << (32 - kBinShift);

@@ -94,6 +94,7 @@ Result<void> check_stop_params(const StopParams& p);
 // max_tokens-th token makes the reason Stop, not Length.
 class StopMatcher {
  public:
+  // `tokenizer` must outlive the matcher (its decoder keeps a pointer).
   StopMatcher(const StopParams& p, const Tokenizer& tokenizer);
 
   struct Step {

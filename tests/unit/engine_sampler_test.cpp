@@ -15,22 +15,24 @@
 #include <random>
 #include <vector>
 
+#include "alloc_counter.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
 
-// Counts heap allocations while a test asks for it. Replacing the global
-// operator new is program-wide, so it only counts and otherwise behaves as
-// the default one (malloc/free). GCC, seeing both definitions inlined into
+// The allocation counter of alloc_counter.h. Replacing the global operator
+// new is program-wide, so it only counts and otherwise behaves as the
+// default one (malloc/free). GCC, seeing both definitions inlined into
 // gtest's new/delete pairs, mistakes the free for a mismatch.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
+namespace kvant::testing {
 std::atomic<bool> g_count_allocs{false};
 std::atomic<int64_t> g_allocs{0};
-}  // namespace
+}  // namespace kvant::testing
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(size_t n) {
-  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+  if (kvant::testing::g_count_allocs.load(std::memory_order_relaxed))
+    kvant::testing::g_allocs.fetch_add(1);
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -439,12 +441,10 @@ TEST(SamplerSteadyState, NoHeapAllocationPerStep) {
       s.accept(s.sample(row, &lp));
     };
     for (int i = 0; i < 4; ++i) step();  // scratch sized on the first steps
-    g_allocs = 0;
-    g_count_allocs = true;
+    testing::AllocCounter allocs;
     for (int i = 0; i < 40; ++i) step();
-    g_count_allocs = false;
-    EXPECT_EQ(g_allocs.load(), 0) << "T=" << p.temperature << " top_k=" << p.top_k
-                                  << " top_p=" << p.top_p << " min_p=" << p.min_p;
+    EXPECT_EQ(allocs.count(), 0) << "T=" << p.temperature << " top_k=" << p.top_k
+                                 << " top_p=" << p.top_p << " min_p=" << p.min_p;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "alloc_counter.h"
 #include "engine/stop_matcher.h"
 #include "tokenizer_test_util.h"
 
@@ -382,6 +383,21 @@ TEST(StopMatcherTokens, MultiByteTextMatchesDecode) {
   p.stop = {"わ"};
   const auto s = run(p, ids);
   EXPECT_EQ(s.text, "naïve café — 終");
+}
+
+TEST(StopMatcherTokens, NoHeapAllocationPerStepOnceWarm) {
+  // Short pieces: the decoder returns them in std::string's inline buffer.
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "one two three E\n";
+  const auto ids = ids_of(text);
+  StopParams p;
+  p.stop = {"END", "\n\n", "two three four"};
+  StopMatcher m(p, tiny());
+  size_t i = 0;
+  for (; i < 20; ++i) m.step(ids[i]);
+  testing::AllocCounter allocs;
+  for (; i < ids.size(); ++i) ASSERT_EQ(m.step(ids[i]).finish, FinishReason::None);
+  EXPECT_EQ(allocs.count(), 0);
 }
 
 }  // namespace

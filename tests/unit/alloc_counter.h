@@ -1,0 +1,25 @@
+// Heap allocation counting for tests that check a steady state allocates
+// nothing. The counter and the replaced global operator new/delete are
+// defined once, in engine_sampler_test.cpp; this header only declares them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace kvant::testing {
+
+extern std::atomic<bool> g_count_allocs;
+extern std::atomic<int64_t> g_allocs;
+
+// Counts the allocations made while it is alive.
+class AllocCounter {
+ public:
+  AllocCounter() {
+    g_allocs = 0;
+    g_count_allocs = true;
+  }
+  ~AllocCounter() { g_count_allocs = false; }
+  int64_t count() const { return g_allocs.load(); }
+};
+
+}  // namespace kvant::testing
