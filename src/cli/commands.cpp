@@ -11,5 +11,6 @@ void register_all(CLI::App& app) {
   register_inspect(app);
   register_bench(app);
   register_generate(app);
+  register_plan(app);
 }
 }  // namespace kvant::cli

@@ -10,4 +10,5 @@ void set_exit_code(int rc);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_generate(CLI::App& app);
+void register_plan(CLI::App& app);
 }  // namespace kvant::cli
