@@ -5,11 +5,14 @@
 // VDPBF16PS's own pair order and denormal flushing, so it gets the bound for
 // two summation orders of the same terms, |dy| <= 2 k 2^-24 sum_k |x w|.
 // Batch invariance, packed == plain, and "nothing outside [n0, n1) is
-// written" are checked bitwise for every ISA.
+// written" are checked bitwise for every ISA. The avx512bf16 kernel is also
+// run with VDPBF16PS emulated (KernelGemmEmulatedBf16) wherever AVX-512 is,
+// so its tiling is covered on CPUs without AVX512_BF16.
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/avx512bf16/avx512bf16.h"
 #include "kernels/cpu/ref/ref.h"
 #include "kernels_test_util.h"
 
@@ -49,22 +52,21 @@ std::vector<float> run(const KernelTable& T, const Problem& p, bool packed, int6
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
-TEST_P(KernelGemmTest, MatchesReference) {
+void check_matches_reference(const KernelTable& T, bool bitwise) {
   const int64_t ks[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 255, 256, 257, 300, 577, 1536};
   const int64_t ms[] = {1, 2, 3, 5, 9, 12, 13, 31};
   const int64_t ns[] = {1, 5, 16, 17, 33, 130, 300};
   uint32_t seed = 1;
-  const bool bitwise = GetParam() != Isa::Avx512Bf16;
   for (int64_t k : ks)
     for (int64_t m : ms) {
       const int64_t n = ns[seed % 7];
-      Problem p = make_problem(m, n, k, seed++, T());
+      Problem p = make_problem(m, n, k, seed++, T);
       const int64_t n0 = seed % 3 == 0 ? 0 : int64_t(seed % uint32_t(n)), n1 = n;
       const int64_t ldy = n + 3;
       std::vector<float> ref(size_t(m * ldy), kSentinel);
       ref::gemm_bf16(p.x.data(), p.ldx, p.w.data(), k, ref.data(), ldy, m, n0, n1);
       for (bool packed : {false, true}) {
-        auto y = run(T(), p, packed, 0, m, n0, n1);
+        auto y = run(T, p, packed, 0, m, n0, n1);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < ldy; ++j) {
             const float got = y[size_t(i * ldy + j)], want = ref[size_t(i * ldy + j)];
@@ -89,6 +91,10 @@ TEST_P(KernelGemmTest, MatchesReference) {
     }
 }
 
+TEST_P(KernelGemmTest, MatchesReference) {
+  check_matches_reference(T(), GetParam() != Isa::Avx512Bf16);
+}
+
 TEST_P(KernelGemmTest, PackMatchesReferencePacker) {
   for (int64_t n : {1, 15, 16, 17, 40}) {
     for (int64_t k : {1, 2, 5, 31, 32, 33, 64, 577}) {
@@ -104,13 +110,13 @@ TEST_P(KernelGemmTest, PackMatchesReferencePacker) {
 // y[i, j] must be bitwise the same whatever m, n0, n1 (and whichever tile or
 // block of the kernel it falls in), for plain and packed weights alike, and
 // the two entries must agree with each other.
-TEST_P(KernelGemmTest, BatchInvariantAcrossSplits) {
+void check_batch_invariance(const KernelTable& T) {
   for (int64_t k : {7, 64, 300, 577}) {
     const int64_t m = 29, n = 333;  // several W blocks for every ISA, plain and packed
-    Problem p = make_problem(m, n, k, uint32_t(k), T());
+    Problem p = make_problem(m, n, k, uint32_t(k), T);
     const int64_t ldy = n + 3;
-    const auto full = run(T(), p, false, 0, m, 0, n);
-    ASSERT_EQ(full, run(T(), p, true, 0, m, 0, n)) << "packed != plain, k=" << k;
+    const auto full = run(T, p, false, 0, m, 0, n);
+    ASSERT_EQ(full, run(T, p, true, 0, m, 0, n)) << "packed != plain, k=" << k;
     std::mt19937 rng{uint32_t(k)};
     for (int trial = 0; trial < 40; ++trial) {
       const int64_t i0 = int64_t(rng() % uint32_t(m));
@@ -118,7 +124,7 @@ TEST_P(KernelGemmTest, BatchInvariantAcrossSplits) {
       int64_t n0 = int64_t(rng() % uint32_t(n)), n1 = n0 + 1 + int64_t(rng() % uint32_t(n - n0));
       if (trial % 4 == 0) n0 = n0 / 64 * 64;  // thread-style split points
       const bool packed = trial % 2 == 1;
-      const auto part = run(T(), p, packed, i0, mm, n0, n1);
+      const auto part = run(T, p, packed, i0, mm, n0, n1);
       for (int64_t i = 0; i < mm; ++i)
         for (int64_t j = n0; j < n1; ++j)
           ASSERT_TRUE(same_bits(part[size_t(i * ldy + j)], full[size_t((i0 + i) * ldy + j)]))
@@ -126,6 +132,20 @@ TEST_P(KernelGemmTest, BatchInvariantAcrossSplits) {
               << ", " << n1 << ") packed=" << packed;
     }
   }
+}
+
+TEST_P(KernelGemmTest, BatchInvariantAcrossSplits) { check_batch_invariance(T()); }
+
+// The avx512bf16 GEMM's code with VDPBF16PS replaced by two FMAs (same pair
+// order as the instruction's definition); same tolerance as avx512bf16.
+TEST(KernelGemmEmulatedBf16, TilingMatchesReferenceAndIsBatchInvariant) {
+  const KernelTable* base = table_for(Isa::Avx512);
+  if (!base) GTEST_SKIP() << "needs AVX-512 F/BW/VL/DQ";
+  KernelTable t = *base;
+  t.gemm_bf16 = avx512bf16_emulated::gemm_bf16;
+  t.gemm_bf16_packed = avx512bf16_emulated::gemm_bf16_packed;
+  check_matches_reference(t, false);
+  check_batch_invariance(t);
 }
 
 TEST_P(KernelGemmTest, PeakProbeRuns) {

@@ -12,3 +12,13 @@ void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_
 float peak_probe(int64_t iters);
 inline constexpr int64_t kPeakFlopsPerIter = 24 * 32 * 2;  // 24 chains x 16 lanes x 2 pairs
 }  // namespace kvant::kernels::avx512bf16
+
+// The same kernels with VDPBF16PS emulated by two FMAs (built from the same
+// source by avx512/gemm_dpbf16_emulated.cpp). Needs only AVX-512 F/BW/VL/DQ;
+// for tests, so the BF16 kernel's tiling is checked on machines without it.
+namespace kvant::kernels::avx512bf16_emulated {
+void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
+               int64_t m, int64_t n0, int64_t n1);
+void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
+                      int64_t ldy, int64_t m, int64_t n0, int64_t n1);
+}  // namespace kvant::kernels::avx512bf16_emulated

@@ -6,15 +6,44 @@
 // sequence over q, whatever the tile shape: batch invariant, though not
 // bitwise equal to the FMA tables (the instruction flushes denormals and
 // rounds per its own definition).
+//
+// avx512/gemm_dpbf16_emulated.cpp compiles this file a second time with
+// KVANT_EMULATE_DPBF16: the instruction becomes two FMAs in the order Intel's
+// pseudo-code gives (odd k, then even k) and the namespace becomes
+// avx512bf16_emulated, so the blocking, packing and tails of this kernel are
+// tested on any AVX-512 machine, not only on ones with AVX512_BF16.
 
 #include "kernels/cpu/avx512/avx512_common.h"
 #include "kernels/cpu/avx512bf16/avx512bf16.h"
 #include "kernels/cpu/gemm_tiling.h"
 
-namespace kvant::kernels::avx512bf16 {
+#ifndef KVANT_EMULATE_DPBF16
+#define KVANT_DPBF16_NS avx512bf16
+#else
+#define KVANT_DPBF16_NS avx512bf16_emulated
+#endif
+
+namespace kvant::kernels::KVANT_DPBF16_NS {
 namespace {
 
 using avx512::col_mask;
+
+#ifndef KVANT_EMULATE_DPBF16
+using Pairs = __m512bh;  // 16 lanes of (even-k, odd-k) BF16 pairs
+inline Pairs as_pairs(__m512i v) { return (__m512bh)v; }
+inline __m512 dot_pairs(__m512 acc, Pairs a, Pairs b) { return _mm512_dpbf16_ps(acc, a, b); }
+#else
+using Pairs = __m512i;
+inline Pairs as_pairs(__m512i v) { return v; }
+inline __m512 dot_pairs(__m512 acc, Pairs a, Pairs b) {
+  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+  const __m512 ao = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+  const __m512 bo = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+  const __m512 ae = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+  const __m512 be = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+  return _mm512_fmadd_ps(ae, be, _mm512_fmadd_ps(ao, bo, acc));
+}
+#endif
 
 struct DpTraits {
   static constexpr int64_t kNB = 128;
@@ -41,15 +70,15 @@ struct DpTraits {
                         ? _mm512_maskz_loadu_ps(mk[p], y + r * ldy + jbase + 16 * p)
                         : _mm512_setzero_ps();
     for (int64_t q = 0; q < kc; ++q) {
-      __m512bh wv[NP];
+      Pairs wv[NP];
 #pragma GCC unroll 8
       for (int p = 0; p < NP; ++p)
-        wv[p] = (__m512bh)_mm512_loadu_si512(panels + p * pstride + q * 16);
+        wv[p] = as_pairs(_mm512_loadu_si512(panels + p * pstride + q * 16));
 #pragma GCC unroll 12
       for (int r = 0; r < MR; ++r) {
-        const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(xb[r * kLdx + q]));
+        const Pairs xv = as_pairs(_mm512_set1_epi32(int(xb[r * kLdx + q])));
 #pragma GCC unroll 8
-        for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
+        for (int p = 0; p < NP; ++p) acc[r][p] = dot_pairs(acc[r][p], xv, wv[p]);
       }
     }
 #pragma GCC unroll 12
@@ -116,6 +145,7 @@ void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_
   gemm_blocked<DpTraits>(x, ldx, nullptr, wp, k, y, ldy, m, n0, n1);
 }
 
+#ifndef KVANT_EMULATE_DPBF16
 float peak_probe(int64_t iters) {
   __m512 acc[24];
   for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(float(i));
@@ -130,4 +160,6 @@ float peak_probe(int64_t iters) {
   return avx512::hsum(s);
 }
 
-}  // namespace kvant::kernels::avx512bf16
+#endif
+
+}  // namespace kvant::kernels::KVANT_DPBF16_NS
