@@ -173,7 +173,7 @@ const StepPlan& Scheduler::schedule() {
       prefix_hit_tokens_ += hit_tokens;
       prefix_lookup_tokens_ += int64_t(s.tokens.size()) - 1;
     }
-    add_entry(s, n, remaining == 1 ? StepKind::Decode : StepKind::Prefill);
+    add_entry(s, n, StepKind::Prefill);
   }
   return plan_;
 }

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "alloc_counter.h"
+
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -341,6 +343,28 @@ TEST(Scheduler, EvictsIndexPagesBeforePreempting) {
   EXPECT_GT(index.stats().evicted_pages, 0u);
   index.clear();
   EXPECT_EQ(pool->free_pages(), 8);
+}
+
+TEST(Scheduler, DecodeStepsAllocateNothing) {
+  auto pool = make_pool(64);
+  Scheduler s(*pool, nullptr, {.max_step_tokens = 64, .max_running = 8});
+  for (int i = 0; i < 4; ++i) add(s, seq(10 * i, 5), 40);
+  step(s, *pool);
+  step(s, *pool);
+  std::vector<int32_t> sampled(4, 7);
+  int64_t allocs = 0, planned = 0;
+  {
+    testing::AllocCounter counter;
+    for (int i = 0; i < 20; ++i) {
+      const StepPlan& plan = s.schedule();
+      planned += int64_t(plan.sequences.size());
+      if (!s.commit(sampled).ok()) break;
+    }
+    allocs = counter.count();
+  }
+  EXPECT_EQ(planned, 80);
+  EXPECT_EQ(allocs, 0);
+  ASSERT_TRUE(s.check_invariants().ok());
 }
 
 TEST(Scheduler, RandomStress) {
