@@ -38,8 +38,8 @@ Result<SeqId> Scheduler::add(SequenceRequest request) {
   const int64_t pages = kv_pages_for_tokens(total, page_tokens_);
   if (pages > pool_.num_pages())
     return make_error("scheduler: prompt (" + std::to_string(request.prompt.size()) +
-                      " tokens) + max_tokens (" + std::to_string(request.max_tokens) +
-                      ") needs " + std::to_string(pages) + " pages, the pool has " +
+                      " tokens) + max_tokens (" + std::to_string(request.max_tokens) + ") needs " +
+                      std::to_string(pages) + " pages, the pool has " +
                       std::to_string(pool_.num_pages()));
   auto s = std::make_unique<SequenceState>();
   s->id = next_id_++;
@@ -147,8 +147,7 @@ const StepPlan& Scheduler::schedule() {
   }
   if (!plan_.preempted.empty()) return plan_;
 
-  while (!waiting_.empty() && budget_ > 0 &&
-         int64_t(running_.size()) < options_.max_running) {
+  while (!waiting_.empty() && budget_ > 0 && int64_t(running_.size()) < options_.max_running) {
     SequenceState& s = *waiting_.front();
     KV_CHECK(s.table.pages.empty());
     int64_t hit_tokens = 0;
@@ -220,8 +219,7 @@ Result<void> Scheduler::commit(std::span<const int32_t> sampled) {
 
 Result<void> Scheduler::finish(SeqId id, FinishReason reason) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end())
-    return make_error("scheduler: no sequence with id " + std::to_string(id));
+  if (it == seqs_.end()) return make_error("scheduler: no sequence with id " + std::to_string(id));
   SequenceState& s = *it->second;
   if (s.status == SequenceStatus::Running) {
     // A pending plan keeps its entry (commit skips ids that are gone), so the
@@ -257,11 +255,11 @@ SchedulerCounters Scheduler::counters() const {
 Result<void> Scheduler::check_invariants() const {
   if (running_.size() + waiting_.size() != seqs_.size())
     return make_error("scheduler: " + std::to_string(running_.size()) + " running + " +
-                      std::to_string(waiting_.size()) + " waiting != " +
-                      std::to_string(seqs_.size()) + " sequences");
+                      std::to_string(waiting_.size()) +
+                      " waiting != " + std::to_string(seqs_.size()) + " sequences");
   if (int64_t(running_.size()) > options_.max_running)
-    return make_error("scheduler: " + std::to_string(running_.size()) +
-                      " running > max_running " + std::to_string(options_.max_running));
+    return make_error("scheduler: " + std::to_string(running_.size()) + " running > max_running " +
+                      std::to_string(options_.max_running));
   for (size_t i = 1; i < running_.size(); ++i)
     if (running_[i - 1]->arrival >= running_[i]->arrival)
       return make_error("scheduler: running queue out of arrival order");

@@ -49,7 +49,7 @@ enum class SequenceStatus : uint8_t { Waiting, Running };
 // first `computed` tokens.
 struct SequenceState {
   SeqId id = 0;
-  uint64_t arrival = 0;       // admission order; lower is older
+  uint64_t arrival = 0;         // admission order; lower is older
   std::vector<int32_t> tokens;  // prompt, then every generated token
   int64_t prompt_tokens = 0;
   int64_t generated = 0;

@@ -3,16 +3,15 @@
 // reorders a token changes the output. Covers budgets, chunked prefill, the
 // running cap, decode-first ordering, preemption of the youngest, cancellation,
 // prefix reuse and a random stress run with invariants checked every step.
-#include "engine/scheduler.h"
-
 #include <gtest/gtest.h>
-
-#include "alloc_counter.h"
 
 #include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
+
+#include "alloc_counter.h"
+#include "engine/scheduler.h"
 
 namespace kvant {
 namespace {
@@ -393,7 +392,8 @@ TEST(Scheduler, RandomStress) {
       if (!live.empty() && uni(0, 19) == 0) {
         auto pick = live.begin();
         std::advance(pick, uni(0, int(live.size()) - 1));
-        ASSERT_TRUE(s.finish(pick->first, uni(0, 1) ? FinishReason::Abort : FinishReason::Stop).ok());
+        ASSERT_TRUE(
+            s.finish(pick->first, uni(0, 1) ? FinishReason::Abort : FinishReason::Stop).ok());
         live.erase(pick);
       }
       const StepPlan& plan = s.schedule();
