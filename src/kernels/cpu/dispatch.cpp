@@ -28,6 +28,7 @@ void fill(KernelTable& t) {
   t.softmax = Ns::softmax;
   t.attn_scores = Ns::attn_scores;
   t.attn_weighted_sum = Ns::attn_weighted_sum;
+  t.paged_attn_decode = Ns::paged_attn_decode;
   t.peak_probe = Ns::peak_probe;
   t.peak_flops_per_iter = Ns::kPeakFlopsPerIter;
 }
@@ -46,6 +47,7 @@ void fill(KernelTable& t) {
     static constexpr auto softmax = ns::softmax;                        \
     static constexpr auto attn_scores = ns::attn_scores;                \
     static constexpr auto attn_weighted_sum = ns::attn_weighted_sum;    \
+    static constexpr auto paged_attn_decode = ns::paged_attn_decode;    \
     static constexpr auto peak_probe = ns::peak_probe;                  \
     static constexpr int64_t kPeakFlopsPerIter = ns::kPeakFlopsPerIter; \
   };

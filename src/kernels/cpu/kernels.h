@@ -32,6 +32,30 @@ constexpr int64_t gemm_bf16_packed_size(int64_t n, int64_t k) {
   return (n + kPackRows - 1) / kPackRows * kPackRows * ((k + 1) / 2 * 2);
 }
 
+// Element type of KV pages as paged_attn_decode reads them.
+enum class KvElem : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
+
+// One KV head's cached rows for one layer, spread over pages (plain pointers:
+// kernels know nothing of the page pool). Token t lives in page pg = t /
+// page_tokens at slot i = t % page_tokens; its K row (head_dim elements) starts
+// at k_pages[pg] + i * token_stride bytes, its V row likewise in v_pages
+// (v_pages may equal k_pages: MLA caches one latent row serving as K and V).
+// FP8 rows read as decode(code) * s, with s = k_scales[pg][i * scale_stride]
+// (dynamic, per token) when k_scales is set, else the static k_scale; V the
+// same with v_scales / v_scale. BF16 rows ignore every scale.
+struct PagedKv {
+  const uint8_t* const* k_pages = nullptr;  // [n_pages]
+  const uint8_t* const* v_pages = nullptr;  // [n_pages]
+  int64_t token_stride = 0;                 // bytes between consecutive slots' rows
+  const float* const* k_scales = nullptr;   // [n_pages] or nullptr (static)
+  const float* const* v_scales = nullptr;
+  int64_t scale_stride = 1;  // floats between consecutive slots' scales
+  float k_scale = 1.f, v_scale = 1.f;
+  int64_t page_tokens = 16;
+  int64_t n_tokens = 0;
+  KvElem elem = KvElem::kBf16;
+};
+
 struct KernelTable {
   Isa isa = Isa::Scalar;
 
@@ -87,6 +111,24 @@ struct KernelTable {
   // with one fused multiply-add per term (so every ISA gives the same bits).
   void (*attn_weighted_sum)(const float* p, const uint16_t* v, int64_t ldv, int64_t n,
                             int64_t head_dim, float* out) = nullptr;
+
+  // Decode attention of the `group` query heads that share one KV head, read
+  // straight from KV pages (FP8 decoded in registers, never staged as BF16).
+  // q, out: [group, head_dim] FP32; scratch: [group, n_tokens] FP32, left
+  // holding the (scaled) probabilities. For each head h:
+  //   s[h, t] = dot(q[h], decode(K_t)) * c_t, c_t = scale (BF16) or scale * ks_t
+  //   p[h]    = softmax(s[h]) (this ISA's softmax)
+  //   out[h, d] = sum over t = 0 .. n-1, sequentially, of fma(w[h, t], decode(V_t)[d], acc)
+  //               with w = p (BF16) or p * vs_t (FP8, one FP32 product)
+  // i.e. the per-token scales multiply scores and probabilities, not each
+  // element (dequant(x) = decode(x) * s up to that reassociation). The dot
+  // product follows attn_scores of the same ISA, so with BF16 pages the
+  // result is bitwise equal to attn_scores + softmax + attn_weighted_sum of
+  // the same ISA; the weighted sum is bitwise equal across ISAs for every
+  // element type. Every K and V row is read once per call for all heads of
+  // the group. n_tokens == 0 gives out = 0. FP8 NaN codes decode to NaN.
+  void (*paged_attn_decode)(const float* q, int64_t group, int64_t head_dim, float scale,
+                            const PagedKv& kv, float* scratch, float* out) = nullptr;
 
   // Benchmark aid, not a model kernel: runs `iters` iterations of the GEMM's
   // inner FP32-FMA (or VDPBF16PS) instruction on independent accumulators,

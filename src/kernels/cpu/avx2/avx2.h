@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/kernels.h"
+
 namespace kvant::kernels::avx2 {
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
                int64_t m, int64_t n0, int64_t n1);
@@ -21,6 +23,8 @@ void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int6
                  float scale, float* scores);
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
                        float* out);
+void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
+                       const PagedKv& kv, float* scratch, float* out);
 float peak_probe(int64_t iters);
 inline constexpr int64_t kPeakFlopsPerIter = 12 * 8 * 2;  // 12 FMA chains of 8 lanes
 }  // namespace kvant::kernels::avx2

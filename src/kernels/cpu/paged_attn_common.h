@@ -1,0 +1,44 @@
+// Scalar bookkeeping shared by every ISA's paged_attn_decode (contract in
+// kernels.h): where token t's K/V row and scales live, and the per-token
+// factors that scale scores and probabilities. No intrinsics and no vector
+// code, so each ISA's translation unit can include it; internal linkage, so
+// copies compiled with different flags never meet at link time.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernels.h"
+
+namespace kvant::kernels {
+namespace {
+
+inline int64_t kv_elem_bytes(KvElem e) { return e == KvElem::kBf16 ? 2 : 1; }
+
+// Visits t = 0 .. n-1 in order as fn(t, page, slot).
+template <class Fn>
+inline void for_each_token(const PagedKv& kv, Fn&& fn) {
+  for (int64_t t0 = 0, pg = 0; t0 < kv.n_tokens; t0 += kv.page_tokens, ++pg) {
+    const int64_t len = kv.n_tokens - t0 < kv.page_tokens ? kv.n_tokens - t0 : kv.page_tokens;
+    for (int64_t i = 0; i < len; ++i) fn(t0 + i, pg, i);
+  }
+}
+
+inline float k_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
+  return kv.k_scales ? kv.k_scales[pg][i * kv.scale_stride] : kv.k_scale;
+}
+inline float v_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
+  return kv.v_scales ? kv.v_scales[pg][i * kv.scale_stride] : kv.v_scale;
+}
+
+// p[h, t] *= vs_t * extra for every head (FP8 only). `extra` is a power of two
+// that SIMD decoders fold in (exact, so the result is the contract's p * vs_t).
+inline void scale_probs(const PagedKv& kv, int64_t group, float extra, float* p) {
+  const int64_t n = kv.n_tokens;
+  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
+    const float vs = v_token_scale(kv, pg, i);
+    for (int64_t h = 0; h < group; ++h) p[h * n + t] = p[h * n + t] * vs * extra;
+  });
+}
+
+}  // namespace
+}  // namespace kvant::kernels

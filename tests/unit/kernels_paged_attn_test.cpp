@@ -1,0 +1,298 @@
+// paged_attn_decode (kernels.h) on every ISA against the scalar reference, and
+// the reference against a double-precision computation from dequantized
+// values. Pages are built here by hand (kernels do not know the page pool):
+// two KV heads per token row, head 1 read, so the token stride and scale
+// stride are not trivial; every page is its own allocation of page_tokens
+// slots and the last one is partly filled.
+//
+// Tolerances, with A[h, d] = sum_t p[h, t] |dequant(V_t)[d]| (double):
+//   ISA vs reference        |dout| <= 2e-5 A  (FP32 lane sums vs double dots,
+//                           shifting scores by ~1e-6 relative before exp)
+//   reference vs double     |dout| <= 2e-5 A  (FP32 scores, probabilities and
+//                           the sequential FP32 FMA sum over t)
+// Bitwise: BF16 pages equal attn_scores + softmax + attn_weighted_sum of the
+// same ISA; a one-token context decodes all 256 FP8 codes exactly as
+// numerics/fp8.h's tables on every ISA.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ref/ref.h"
+#include "kernels_test_util.h"
+#include "numerics/bf16.h"
+#include "numerics/fp8.h"
+
+namespace kvant::kernels {
+namespace {
+
+using test::KernelIsaTest;
+using test::random_f32;
+
+constexpr int64_t kHeads = 2, kHead = 1;  // row layout [kv_heads, head_dim], head 1 read
+
+int64_t elem_bytes(KvElem e) { return e == KvElem::kBf16 ? 2 : 1; }
+
+float fp8_max(KvElem e) { return e == KvElem::kFp8E4m3 ? kFp8E4m3Max : kFp8E5m2Max; }
+
+uint8_t encode(KvElem e, float x) {
+  return e == KvElem::kFp8E4m3 ? f32_to_fp8_e4m3(x) : f32_to_fp8_e5m2(x);
+}
+
+double decode(KvElem e, const uint8_t* row, int64_t d) {
+  if (e == KvElem::kFp8E4m3) return fp8_e4m3_to_f32(row[d]);
+  if (e == KvElem::kFp8E5m2) return fp8_e5m2_to_f32(row[d]);
+  uint16_t h;
+  std::memcpy(&h, row + 2 * d, 2);
+  return bf16_to_f32(h);
+}
+
+enum class Scales { kNone, kStatic, kDynamic };
+
+// Random K and V for n tokens in pages of page_tokens slots.
+struct Pages {
+  KvElem elem;
+  int64_t hd, page_tokens, n;
+  std::vector<std::vector<uint8_t>> k, v;
+  std::vector<std::vector<float>> ks, vs;
+  std::vector<const uint8_t*> kp, vp;
+  std::vector<const float*> ksp, vsp;
+  PagedKv view;
+
+  Pages(KvElem e, Scales sc, int64_t head_dim, int64_t pt, int64_t n_tokens, bool shared,
+        uint32_t seed)
+      : elem(e), hd(head_dim), page_tokens(pt), n(n_tokens) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> val(-2.f, 2.f), mag(0.1f, 4.f);
+    const int64_t eb = elem_bytes(e), stride = kHeads * hd * eb;
+    const int64_t pages = (n + pt - 1) / pt;
+    const float static_k = 2.5f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
+    const float static_v = 3.f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
+    auto fill = [&](std::vector<std::vector<uint8_t>>& blocks,
+                    std::vector<std::vector<float>>& sc_v, float static_s) {
+      blocks.assign(size_t(pages), std::vector<uint8_t>(size_t(pt * stride), 0xA5));
+      sc_v.assign(size_t(pages), std::vector<float>(size_t(pt * kHeads), -1.f));
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> x(size_t(kHeads * hd));
+        const float m = mag(rng);  // per-token magnitude, so dynamic scales differ
+        for (auto& xi : x) xi = val(rng) * m;
+        uint8_t* row = blocks[size_t(t / pt)].data() + (t % pt) * stride;
+        for (int64_t h = 0; h < kHeads; ++h) {
+          float amax = 0;
+          for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[size_t(h * hd + d)]));
+          const float s = sc == Scales::kDynamic ? amax / fp8_max(e) : static_s;
+          sc_v[size_t(t / pt)][size_t((t % pt) * kHeads + h)] = s;
+          for (int64_t d = 0; d < hd; ++d) {
+            const float xi = x[size_t(h * hd + d)];
+            if (e == KvElem::kBf16) {
+              const uint16_t b = f32_to_bf16(xi);
+              std::memcpy(row + (h * hd + d) * 2, &b, 2);
+            } else {
+              row[h * hd + d] = encode(e, xi / s);
+            }
+          }
+        }
+      }
+    };
+    fill(k, ks, static_k);
+    if (!shared) fill(v, vs, static_v);
+    for (int64_t p = 0; p < pages; ++p) {
+      kp.push_back(k[size_t(p)].data() + kHead * hd * eb);
+      vp.push_back((shared ? k : v)[size_t(p)].data() + kHead * hd * eb);
+      ksp.push_back(ks[size_t(p)].data() + kHead);
+      vsp.push_back((shared ? ks : vs)[size_t(p)].data() + kHead);
+    }
+    view.k_pages = kp.data();
+    view.v_pages = vp.data();
+    view.token_stride = stride;
+    view.scale_stride = kHeads;
+    if (sc == Scales::kDynamic) {
+      view.k_scales = ksp.data();
+      view.v_scales = vsp.data();
+    }
+    view.k_scale = static_k;
+    view.v_scale = shared ? static_k : static_v;
+    view.page_tokens = pt;
+    view.n_tokens = n;
+    view.elem = e;
+  }
+
+  const uint8_t* krow(int64_t t) const {
+    return kp[size_t(t / page_tokens)] + (t % page_tokens) * view.token_stride;
+  }
+  const uint8_t* vrow(int64_t t) const {
+    return vp[size_t(t / page_tokens)] + (t % page_tokens) * view.token_stride;
+  }
+  double kscale(int64_t t) const {
+    if (elem == KvElem::kBf16) return 1;
+    return view.k_scales ? ksp[size_t(t / page_tokens)][(t % page_tokens) * kHeads] : view.k_scale;
+  }
+  double vscale(int64_t t) const {
+    if (elem == KvElem::kBf16) return 1;
+    return view.v_scales ? vsp[size_t(t / page_tokens)][(t % page_tokens) * kHeads] : view.v_scale;
+  }
+};
+
+// Double-precision attention from dequantized values: exact[h * hd + d], and
+// A (see the file comment) in bound.
+void exact_attention(const Pages& pg, const std::vector<float>& q, int64_t group, double scale,
+                     std::vector<double>& exact, std::vector<double>& bound) {
+  const int64_t n = pg.n, hd = pg.hd;
+  exact.assign(size_t(group * hd), 0);
+  bound.assign(size_t(group * hd), 0);
+  for (int64_t h = 0; h < group; ++h) {
+    std::vector<double> s(static_cast<size_t>(n));
+    double mx = -INFINITY, sum = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      double acc = 0;
+      for (int64_t d = 0; d < hd; ++d)
+        acc += double(q[size_t(h * hd + d)]) * decode(pg.elem, pg.krow(t), d) * pg.kscale(t);
+      s[size_t(t)] = acc * scale;
+      mx = std::max(mx, s[size_t(t)]);
+    }
+    for (auto& x : s) sum += (x = std::exp(x - mx));
+    for (int64_t t = 0; t < n; ++t) {
+      const double p = s[size_t(t)] / sum;
+      for (int64_t d = 0; d < hd; ++d) {
+        const double v = decode(pg.elem, pg.vrow(t), d) * pg.vscale(t);
+        exact[size_t(h * hd + d)] += p * v;
+        bound[size_t(h * hd + d)] += p * std::fabs(v);
+      }
+    }
+  }
+}
+
+struct Case {
+  int64_t page_tokens, n, group;
+};
+constexpr Case kCases[] = {{1, 5, 2},    {7, 37, 3},  {16, 300, 8},
+                           {64, 130, 5}, {16, 16, 1}, {32, 70, 9}};
+
+struct Mode {
+  KvElem elem;
+  Scales scales;
+  const char* name;
+};
+constexpr Mode kModes[] = {{KvElem::kBf16, Scales::kNone, "bf16"},
+                           {KvElem::kFp8E4m3, Scales::kStatic, "e4m3/static"},
+                           {KvElem::kFp8E4m3, Scales::kDynamic, "e4m3/dynamic"},
+                           {KvElem::kFp8E5m2, Scales::kStatic, "e5m2/static"},
+                           {KvElem::kFp8E5m2, Scales::kDynamic, "e5m2/dynamic"}};
+
+constexpr double kTol = 2e-5;
+
+class PagedAttnTest : public KernelIsaTest {};
+
+TEST_P(PagedAttnTest, MatchesReference) {
+  uint32_t seed = 1;
+  double worst = 0;
+  for (int64_t hd : {64, 128, 256, 576})
+    for (const Mode& mode : kModes)
+      for (const Case& c : kCases) {
+        const bool shared = hd == 576;  // MLA: one latent row is K and V
+        Pages pg(mode.elem, mode.scales, hd, c.page_tokens, c.n, shared, ++seed);
+        const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
+        const float scale = 1.f / std::sqrt(float(hd));
+        std::vector<float> want(size_t(c.group * hd)), got(want.size(), NAN);
+        std::vector<float> s_want(size_t(c.group * c.n)), s_got(s_want.size());
+        ref::paged_attn_decode(q.data(), c.group, hd, scale, pg.view, s_want.data(), want.data());
+        T().paged_attn_decode(q.data(), c.group, hd, scale, pg.view, s_got.data(), got.data());
+        std::vector<double> exact, bound;
+        exact_attention(pg, q, c.group, scale, exact, bound);
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double a = bound[i] + 1e-30;
+          ASSERT_LE(std::fabs(double(got[i]) - want[i]), kTol * a)
+              << mode.name << " hd=" << hd << " page=" << c.page_tokens << " n=" << c.n
+              << " group=" << c.group << " i=" << i;
+          ASSERT_LE(std::fabs(double(want[i]) - exact[i]), kTol * a)
+              << "reference vs double: " << mode.name << " hd=" << hd << " n=" << c.n << " i=" << i;
+          worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / a);
+        }
+      }
+  RecordProperty("worst_rel_error", std::to_string(worst));
+  std::printf("[ %s ] worst |isa - ref| / A = %.3g\n", isa_name(GetParam()), worst);
+}
+
+// BF16 pages: bitwise what the unpaged helpers of the same ISA give.
+TEST_P(PagedAttnTest, Bf16BitwiseEqualsUnpagedPath) {
+  uint32_t seed = 100;
+  for (int64_t hd : {64, 128, 256, 576})
+    for (const Case& c : kCases) {
+      Pages pg(KvElem::kBf16, Scales::kNone, hd, c.page_tokens, c.n, hd == 576, ++seed);
+      const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
+      const float scale = 1.f / std::sqrt(float(hd));
+      std::vector<uint16_t> k(size_t(c.n * hd)), v(size_t(c.n * hd));
+      for (int64_t t = 0; t < c.n; ++t) {
+        std::memcpy(&k[size_t(t * hd)], pg.krow(t), size_t(hd * 2));
+        std::memcpy(&v[size_t(t * hd)], pg.vrow(t), size_t(hd * 2));
+      }
+      std::vector<float> want(size_t(c.group * hd)), got(want.size());
+      std::vector<float> p(size_t(c.n)), scratch(size_t(c.group * c.n));
+      for (int64_t h = 0; h < c.group; ++h) {
+        T().attn_scores(q.data() + h * hd, k.data(), hd, c.n, hd, scale, p.data());
+        T().softmax(p.data(), c.n);
+        T().attn_weighted_sum(p.data(), v.data(), hd, c.n, hd, want.data() + h * hd);
+      }
+      T().paged_attn_decode(q.data(), c.group, hd, scale, pg.view, scratch.data(), got.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+          << "hd=" << hd << " page=" << c.page_tokens << " n=" << c.n << " group=" << c.group;
+    }
+}
+
+// One token: p = 1 exactly, so out = fma(v_scale, decode(code), +0) for each
+// of the 256 codes, bitwise (NaN codes: NaN; -0 comes out +0, as the FMA sum
+// starts from +0).
+TEST_P(PagedAttnTest, Fp8DecodesEveryCodeExactly) {
+  for (KvElem e : {KvElem::kFp8E4m3, KvElem::kFp8E5m2})
+    for (float vscale : {1.f, 0.0123f}) {
+      const int64_t hd = 256;
+      std::vector<uint8_t> krow(size_t(hd), 0), vrow(static_cast<size_t>(hd));
+      for (int64_t d = 0; d < hd; ++d) vrow[size_t(d)] = uint8_t(d);
+      const uint8_t* kp[] = {krow.data()};
+      const uint8_t* vp[] = {vrow.data()};
+      PagedKv kv;
+      kv.k_pages = kp;
+      kv.v_pages = vp;
+      kv.token_stride = hd;
+      kv.v_scale = vscale;
+      kv.page_tokens = 4;
+      kv.n_tokens = 1;
+      kv.elem = e;
+      const auto q = random_f32(size_t(2 * hd), -1.f, 1.f, 7);
+      std::vector<float> out(size_t(2 * hd)), scratch(2);
+      T().paged_attn_decode(q.data(), 2, hd, 0.1f, kv, scratch.data(), out.data());
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t d = 0; d < hd; ++d) {
+          const float dec =
+              e == KvElem::kFp8E4m3 ? fp8_e4m3_to_f32(uint8_t(d)) : fp8_e5m2_to_f32(uint8_t(d));
+          const float want = std::fma(vscale, dec, 0.f), got = out[size_t(h * hd + d)];
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << "code " << d;
+          } else {
+            ASSERT_EQ(0, std::memcmp(&want, &got, 4))
+                << "code " << d << " got " << got << " want " << want;
+          }
+        }
+    }
+}
+
+TEST_P(PagedAttnTest, EmptyContextGivesZeros) {
+  PagedKv kv;
+  kv.n_tokens = 0;
+  const auto q = random_f32(64 * 3, -1.f, 1.f, 3);
+  std::vector<float> out(64 * 3, NAN);
+  float scratch = 0;
+  T().paged_attn_decode(q.data(), 3, 64, 0.125f, kv, &scratch, out.data());
+  for (float x : out) ASSERT_EQ(x, 0.f);
+}
+
+INSTANTIATE_TEST_SUITE_P(KernelIsa, PagedAttnTest, ::testing::ValuesIn(kAllIsas),
+                         test::isa_param_name);
+
+}  // namespace
+}  // namespace kvant::kernels
