@@ -1,5 +1,6 @@
-// The real SmolLM2-135M GGUF: kvant's greedy continuation of 5 prompts × 64
-// tokens equals transformers' on the same file (tools/fixtures/gen_greedy.py).
+// The real SmolLM2-135M and Gemma 3 270M GGUFs: kvant's greedy continuation
+// of 5 prompts × 64 tokens equals transformers' on the same file
+// (tools/fixtures/gen_greedy.py).
 // The asserted reference uses kvant's numeric recipe (BF16 weights, BF16
 // inputs to every matrix product, BF16 K/V). Two correct implementations that
 // sum in different orders differ by a few hundredths of a logit here (logit
@@ -43,12 +44,19 @@ std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n,
   return out;
 }
 
-TEST(GreedySmolLM2, MatchesTransformersOnTheSameGguf) {
-  const std::string path = std::string(KVANT_MODELS) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+struct GreedyCase {
+  const char* file;
+  const char* fixture;
+};
+
+class GreedyGguf : public ::testing::TestWithParam<GreedyCase> {};
+
+TEST_P(GreedyGguf, MatchesTransformersOnTheSameGguf) {
+  const std::string path = std::string(KVANT_MODELS) + "/" + GetParam().file;
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing: run scripts/fetch_model.sh";
   auto m = Model::load(path);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  std::ifstream f(std::string(KVANT_FIXTURES) + "/greedy/smollm2.json");
+  std::ifstream f(std::string(KVANT_FIXTURES) + "/greedy/" + GetParam().fixture);
   auto j = nlohmann::json::parse(f);
   int cases = 0, full = 0;
   for (auto& cs : j["cases"]) {
@@ -78,8 +86,13 @@ TEST(GreedySmolLM2, MatchesTransformersOnTheSameGguf) {
     ++cases;
   }
   EXPECT_EQ(cases, 5);
-  std::printf("[greedy] %d of %d prompts equal over all 64 tokens\n", full, cases);
+  std::printf("[greedy] %s: %d of %d prompts equal over all 64 tokens\n", GetParam().file, full, cases);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, GreedyGguf,
+                         ::testing::Values(GreedyCase{"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.json"},
+                                           GreedyCase{"gemma-3-270m-q4_k_m.gguf", "gemma3.json"}),
+                         [](const auto& info) { return std::string(info.index == 0 ? "SmolLM2" : "Gemma3"); });
 
 }  // namespace
 }  // namespace kvant
