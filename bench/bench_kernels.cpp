@@ -2,7 +2,8 @@
 // SmolLM2-135M projection shapes for m = 1 (decode), 32 and 512 (prefill),
 // plain and packed weights, 1 and 2 threads split over n as the model splits
 // them; the FMA/VDPBF16PS peak each table can reach; STREAM-style memory
-// bandwidth. Figures only, never pass/fail (see docs/BENCHMARKS.md).
+// bandwidth; decode attention over a 4,096-token paged context (BF16 vs FP8
+// pages, GB/s of KV read). Figures only, never pass/fail (see docs/BENCHMARKS.md).
 //
 // Weights rotate through enough copies (>= 192 MB, 4x this machine's L3) that
 // every call reads them from DRAM, as a forward pass does.
@@ -190,6 +191,66 @@ void bm_stream(benchmark::State& state, StreamOp op, int threads) {
   state.counters["threads"] = threads;
 }
 
+// Decode attention at depth on SmolLM2-135M shapes: 30 layers x 3 KV heads of
+// 64, GQA groups of 3, 4,096 tokens in pages of 16; one iteration is one
+// token's attention over every layer and KV head (about 94 MB of BF16 KV, so
+// it streams from DRAM). FP8 uses dynamic per-(token, head) scales.
+void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels::KvElem elem) {
+  constexpr int64_t kLayers = 30, kKvHeads = 3, kHd = 64, kGroup = 3, kTokens = 4096, kPage = 16;
+  constexpr int64_t kPages = kTokens / kPage;
+  const int64_t eb = elem == kvant::kernels::KvElem::kBf16 ? 2 : 1;
+  const bool fp8 = eb == 1;
+  const int64_t block = kPage * kKvHeads * kHd * eb, sblock = fp8 ? kPage * kKvHeads * 4 : 0;
+  const int64_t layer_bytes = 2 * block + 2 * sblock, page_bytes = kLayers * layer_bytes;
+  AlignedBuffer<uint8_t> arena(size_t(kPages * page_bytes));
+  uint64_t seed = 7;
+  for (int64_t i = 0; i < kPages * page_bytes; ++i)
+    arena.data()[i] = uint8_t(0x30 | (next(seed) & 0x0f));  // normal in every dtype
+  for (int64_t p = 0; p < kPages; ++p)                      // scales: plausible positive values
+    for (int64_t l = 0; l < kLayers && fp8; ++l) {
+      float* sc =
+          reinterpret_cast<float*>(arena.data() + p * page_bytes + l * layer_bytes + 2 * block);
+      for (int64_t i = 0; i < 2 * kPage * kKvHeads; ++i) sc[i] = 0.01f;
+    }
+  // Pointer tables per (layer, kv head).
+  std::vector<const uint8_t*> kp(size_t(kLayers * kKvHeads * kPages)), vp(kp.size());
+  std::vector<const float*> ksp(kp.size()), vsp(kp.size());
+  for (int64_t l = 0; l < kLayers; ++l)
+    for (int64_t h = 0; h < kKvHeads; ++h)
+      for (int64_t p = 0; p < kPages; ++p) {
+        const size_t i = size_t((l * kKvHeads + h) * kPages + p);
+        const uint8_t* base = arena.data() + p * page_bytes + l * layer_bytes;
+        kp[i] = base + h * kHd * eb;
+        vp[i] = base + block + h * kHd * eb;
+        ksp[i] = reinterpret_cast<const float*>(base + 2 * block) + h;
+        vsp[i] = reinterpret_cast<const float*>(base + 2 * block + sblock) + h;
+      }
+  std::vector<float> q(size_t(kGroup * kHd), 0.05f), out(q.size()),
+      scratch(size_t(kGroup * kTokens));
+  for (auto _ : state) {
+    for (int64_t lh = 0; lh < kLayers * kKvHeads; ++lh) {
+      kvant::kernels::PagedKv kv;
+      kv.k_pages = kp.data() + lh * kPages;
+      kv.v_pages = vp.data() + lh * kPages;
+      kv.token_stride = kKvHeads * kHd * eb;
+      if (fp8) {
+        kv.k_scales = ksp.data() + lh * kPages;
+        kv.v_scales = vsp.data() + lh * kPages;
+      }
+      kv.scale_stride = kKvHeads;
+      kv.page_tokens = kPage;
+      kv.n_tokens = kTokens;
+      kv.elem = elem;
+      T->paged_attn_decode(q.data(), kGroup, kHd, 0.125f, kv, scratch.data(), out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes =
+      double(kLayers * kKvHeads * kTokens) * (2.0 * kHd * double(eb) + (fp8 ? 8 : 0));
+  state.counters["GBps"] =
+      benchmark::Counter(1e-9 * bytes * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
 void register_all() {
   std::vector<const KernelTable*> tables;
   for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16})
@@ -208,6 +269,18 @@ void register_all() {
     for (int th : {1, 2}) {
       const std::string name = std::string("stream/") + opname + "/t" + std::to_string(th);
       benchmark::RegisterBenchmark(name.c_str(), bm_stream, op, th)->UseRealTime();
+    }
+  const std::pair<kvant::kernels::KvElem, const char*> elems[] = {
+      {kvant::kernels::KvElem::kBf16, "bf16"},
+      {kvant::kernels::KvElem::kFp8E4m3, "fp8_e4m3"},
+      {kvant::kernels::KvElem::kFp8E5m2, "fp8_e5m2"}};
+  for (const KernelTable* t : tables)
+    for (auto [elem, ename] : elems) {
+      const std::string name =
+          std::string("paged_attn/") + kvant::kernels::isa_name(t->isa) + "/" + ename + "/ctx4096";
+      benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, elem)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
     }
   // Shape outermost: the cold weight copies are built once per shape.
   for (const Shape& s : kShapes)

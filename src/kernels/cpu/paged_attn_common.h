@@ -23,6 +23,15 @@ inline void for_each_token(const PagedKv& kv, Fn&& fn) {
   }
 }
 
+// Dynamic scales sit in a separate block of each page: at a page's first slot,
+// ask for the next page's scales (a few lines) so the per-token reads hit.
+inline void prefetch_next_scales(const float* const* scales, int64_t pg, int64_t i,
+                                 const PagedKv& kv) {
+  if (!scales || i != 0 || (pg + 1) * kv.page_tokens >= kv.n_tokens) return;
+  for (int64_t b = 0; b < kv.page_tokens * kv.scale_stride; b += 16)
+    __builtin_prefetch(scales[pg + 1] + b);
+}
+
 inline float k_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
   return kv.k_scales ? kv.k_scales[pg][i * kv.scale_stride] : kv.k_scale;
 }
@@ -35,6 +44,7 @@ inline float v_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
 inline void scale_probs(const PagedKv& kv, int64_t group, float extra, float* p) {
   const int64_t n = kv.n_tokens;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
+    prefetch_next_scales(kv.v_scales, pg, i, kv);
     const float vs = v_token_scale(kv, pg, i);
     for (int64_t h = 0; h < group; ++h) p[h * n + t] = p[h * n + t] * vs * extra;
   });

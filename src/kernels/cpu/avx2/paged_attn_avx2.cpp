@@ -46,14 +46,24 @@ inline __m256 decode8(const uint8_t* p, int64_t n) {
   }
 }
 
+// Pages are scattered, so hardware prefetchers stop at each page's end; the
+// same slot of the next page is requested one page ahead.
+inline void prefetch_row(const uint8_t* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+}
+
 template <KvElem E>
 constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 
 template <KvElem E, int H>
 void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
+  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     const uint8_t* row = kv.k_pages[pg] + i * kv.token_stride;
+    if (pg + 1 < pages) prefetch_row(kv.k_pages[pg + 1] + i * kv.token_stride, hd * eb);
+    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, pg, i, kv);
     __m256 acc[H];
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) acc[h] = _mm256_setzero_ps();
@@ -78,8 +88,11 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
   for (int h = 0; h < H; ++h)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
+  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
+    if (pg + 1 < pages)
+      prefetch_row(kv.v_pages[pg + 1] + i * kv.token_stride + d0 * eb, width * eb);
     __m256 v[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
