@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 #include "core/threads.h"
@@ -12,21 +13,23 @@
 #include "model/loader.h"
 #include "model/ops.h"
 #include "numerics/bf16.h"
+#include "numerics/fp8.h"
 
 namespace kvant {
-
-SeqKv::SeqKv(const ModelConfig& c, int64_t capacity) : capacity_(capacity), kv_dim_(c.kv_dim()) {
-  for (int64_t l = 0; l < c.layers; ++l) {
-    k_.emplace_back(size_t(capacity * kv_dim_));
-    v_.emplace_back(size_t(capacity * kv_dim_));
-  }
-}
 
 int64_t Batch::logit_rows() const {
   int64_t r = 0;
   for (auto& s : seqs) r += s.all_logits ? s.n_tokens : 1;
   return r;
 }
+
+namespace {
+// A single-token chunk reads its pages directly; longer chunks (and soft-capped
+// attention, which the paged kernel does not do) gather BF16 rows.
+bool decodes_paged_impl(const ModelConfig& c, const SeqChunk& s) {
+  return s.n_tokens == 1 && c.attn_softcap <= 0.f;
+}
+}  // namespace
 
 struct TokenRef {  // where token t of the batch sits: its chunk and index in it
   const SeqChunk* s;
@@ -39,12 +42,25 @@ struct Model::Workspace {
   AlignedBuffer<float> x, h, qkv, attn, gu, act, out;
   AlignedBuffer<uint16_t> xb;
   AlignedBuffer<float> cos_g, sin_g, cos_l, sin_l;  // [T, hd/2]
-  AlignedBuffer<float> scores;                     // [threads, ctx]
+  AlignedBuffer<float> scores;                      // [threads, group * ctx]
+  // Prefill attention reads BF16 rows gathered per sequence: [rows, kv_dim].
+  AlignedBuffer<uint16_t> gk, gv;
+  std::vector<int64_t> gather_off;     // [seqs]: first row of each chunk's gather, -1 = none
+  std::vector<int64_t> gather_j0;      // [seqs]: position of that first row
+  AlignedBuffer<const uint8_t*> ptrs;  // [threads, 4 * max_pages] page pointers for paged reads
+  int64_t max_pages = 0, gather_rows = 0;
+  struct Task {
+    int64_t seq;  // chunk index
+    int64_t a;    // decode: KV head; prefill: token index in the batch
+    int64_t b;    // prefill: query head
+  };
+  std::vector<Task> decode_tasks, prefill_tasks;
 };
 
 namespace {
 
-std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd, const std::vector<float>& factors) {
+std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd,
+                                const std::vector<float>& factors) {
   std::vector<float> f(size_t(hd / 2));
   for (int64_t i = 0; i < hd / 2; ++i) {
     // As transformers computes it: base ** (2i/d) in FP32, then 1/x.
@@ -65,7 +81,8 @@ std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd, const std::vect
         x = float(x / r.factor);
         continue;
       }
-      const double s = (old_ctx / wl - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      const double s =
+          (old_ctx / wl - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
       x = float((1.0 - s) * x / r.factor + s * x);
     }
   }
@@ -88,7 +105,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
   return std::make_unique<Model>(std::move(m->config), std::move(m->weights));
 }
 
-void Model::ensure_workspace(int64_t T, int64_t ctx) {
+void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t gather_rows) {
   auto& ws = *ws_;
   if (T > ws.tokens) {
     const auto& c = cfg_;
@@ -110,8 +127,18 @@ void Model::ensure_workspace(int64_t T, int64_t ctx) {
     ws.tokens = T;
   }
   if (ctx > ws.ctx) {
-    ws.scores = AlignedBuffer<float>(size_t(num_threads() * ctx));
+    const int64_t group = cfg_.heads / cfg_.kv_heads;
+    ws.scores = AlignedBuffer<float>(size_t(num_threads() * group * ctx));
     ws.ctx = ctx;
+  }
+  if (max_pages > ws.max_pages) {
+    ws.ptrs = AlignedBuffer<const uint8_t*>(size_t(num_threads() * 4 * max_pages));
+    ws.max_pages = max_pages;
+  }
+  if (gather_rows > ws.gather_rows) {
+    ws.gk = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
+    ws.gv = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
+    ws.gather_rows = gather_rows;
   }
 }
 
@@ -138,23 +165,53 @@ void Model::rope_tables(const Batch& b, int64_t T) {
 Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   const auto& c = cfg_;
   const int64_t T = int64_t(b.tokens.size());
-  int64_t total = 0, max_ctx = 0;
-  for (auto& s : b.seqs) {
-    if (!s.kv || s.n_tokens <= 0) return make_error("forward: empty sequence chunk");
+  int64_t total = 0, max_ctx = 0, max_pages = 0, gather_rows = 0;
+  ws_->gather_off.assign(b.seqs.size(), -1);
+  ws_->gather_j0.assign(b.seqs.size(), 0);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const auto& s = b.seqs[si];
+    if (!s.kv || !s.kv->format || s.n_tokens <= 0)
+      return make_error("forward: empty sequence chunk");
+    const KvFormat& f = *s.kv->format;
+    if (f.kv_heads != c.kv_heads || f.head_dim != c.head_dim)
+      return make_error("forward: the KV pages have " + std::to_string(f.kv_heads) + " heads of " +
+                        std::to_string(f.head_dim) + ", the model " + std::to_string(c.kv_heads) +
+                        " of " + std::to_string(c.head_dim));
+    if (f.elem != kernels::KvElem::kBf16 && !f.dynamic_scales &&
+        (int64_t(f.static_k.size()) != c.layers * c.kv_heads ||
+         int64_t(f.static_v.size()) != c.layers * c.kv_heads))
+      return make_error("forward: static FP8 KV needs one K and one V scale per layer and KV head");
     if (s.pos0 < 0 || s.pos0 + s.n_tokens > s.kv->capacity())
       return make_error("forward: positions [" + std::to_string(s.pos0) + ", " +
-                        std::to_string(s.pos0 + s.n_tokens) + ") exceed the sequence's KV capacity " +
-                        std::to_string(s.kv->capacity()));
+                        std::to_string(s.pos0 + s.n_tokens) +
+                        ") exceed the sequence's KV capacity " + std::to_string(s.kv->capacity()));
     total += s.n_tokens;
-    max_ctx = std::max(max_ctx, s.pos0 + s.n_tokens);
+    const int64_t end = s.pos0 + s.n_tokens;
+    max_ctx = std::max(max_ctx, end);
+    max_pages = std::max(max_pages, s.kv->n_pages);
+    if (!decodes_paged_impl(c, s)) {
+      // Rows [j0, end) in BF16: the earliest query's window start onwards.
+      const int64_t j0 = c.sliding_window > 0 && !c.sliding.empty()
+                             ? std::max<int64_t>(0, s.pos0 - c.sliding_window + 1)
+                             : 0;
+      // Full-attention layers need every row even when sliding ones do not.
+      const bool any_full = std::find(c.sliding.begin(), c.sliding.end(), 0) != c.sliding.end() ||
+                            c.sliding.empty() || c.sliding_window <= 0;
+      const int64_t g0 = any_full ? 0 : j0;
+      ws_->gather_off[si] = gather_rows;
+      ws_->gather_j0[si] = g0;
+      gather_rows += end - g0;
+    }
   }
   if (total != T) return make_error("forward: token count does not match the chunks");
   for (int32_t tok : b.tokens)
     if (tok < 0 || tok >= c.vocab)
-      return make_error("forward: token id " + std::to_string(tok) + " outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
-  if (int64_t(logits.size()) < b.logit_rows() * c.vocab) return make_error("forward: logits buffer too small");
+      return make_error("forward: token id " + std::to_string(tok) +
+                        " outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+  if (int64_t(logits.size()) < b.logit_rows() * c.vocab)
+    return make_error("forward: logits buffer too small");
 
-  ensure_workspace(T, max_ctx);
+  ensure_workspace(T, max_ctx, std::max(max_pages, max_ctx), gather_rows);
   auto& ws = *ws_;
   // Embedding lookup (BF16 rows -> FP32), scaled for Gemma.
   for (int64_t t = 0; t < T; ++t) {
@@ -174,7 +231,8 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   for (auto& s : b.seqs) {
     const int64_t first = s.all_logits ? t0 : t0 + s.n_tokens - 1;
     for (int64_t t = first; t < t0 + s.n_tokens; ++t, ++r) {
-      ops::rmsnorm(ws.x.data() + t * c.hidden, w_.out_norm.data(), c.rms_eps, ws.h.data() + r * c.hidden, c.hidden);
+      ops::rmsnorm(ws.x.data() + t * c.hidden, w_.out_norm.data(), c.rms_eps,
+                   ws.h.data() + r * c.hidden, c.hidden);
     }
     t0 += s.n_tokens;
   }
@@ -217,8 +275,10 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   for (int64_t t = 0; t < T; ++t) {
     const float* g = ws.gu.data() + t * 2 * c.ffn;
     float* a = ws.act.data() + t * c.ffn;
-    if (c.act == Activation::GeluTanh) K.gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
-    else K.silu_mul(g, g + c.ffn, a, c.ffn);
+    if (c.act == Activation::GeluTanh)
+      K.gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
+    else
+      K.silu_mul(g, g + c.ffn, a, c.ffn);
   }
   ops::to_bf16(ws.act.data(), c.ffn, ws.xb.data(), c.ffn, T, c.ffn);
   ops::matmul(ws.xb.data(), c.ffn, L.w_down, ws.out.data(), H, T);
@@ -230,7 +290,9 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   }
 }
 
-void Model::attention(int64_t l, const Batch& b, int64_t T) {
+// Bias, QK-norm and RoPE on the fresh q/k rows, then each token's K/V rows
+// into its page slot in the page dtype.
+void Model::store_kv(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
   const auto& L = w_.layers[size_t(l)];
   const auto& K = kernels::active();
@@ -239,44 +301,232 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
   const bool sliding = c.sliding[size_t(l)] && c.sliding_window > 0;
   const float* cosb = sliding ? ws.cos_l.data() : ws.cos_g.data();
   const float* sinb = sliding ? ws.sin_l.data() : ws.sin_g.data();
-
-  // Bias, QK-norm, RoPE; then append K/V to each sequence's store.
-  int64_t t = 0;
-  for (auto& s : b.seqs) {
-    for (int64_t i = 0; i < s.n_tokens; ++i, ++t) {
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const TokenRef& it = ws.items[size_t(t)];
       float* row = ws.qkv.data() + t * qkv_n;
       if (!L.bqkv.empty())
         for (int64_t j = 0; j < qkv_n; ++j) row[j] += L.bqkv[size_t(j)];
       for (int64_t h = 0; h < c.heads + c.kv_heads; ++h) {
         float* x = row + h * hd;
-        if (c.qk_norm) ops::rmsnorm(x, h < c.heads ? L.q_norm.data() : L.k_norm.data(), c.rms_eps, x, hd);
+        if (c.qk_norm)
+          ops::rmsnorm(x, h < c.heads ? L.q_norm.data() : L.k_norm.data(), c.rms_eps, x, hd);
         ops::rope(x, cosb + t * hd / 2, sinb + t * hd / 2, hd);
       }
-      K.f32_to_bf16(row + qd, s.kv->k(l, s.pos0 + i), kvd);
-      K.f32_to_bf16(row + qd + kvd, s.kv->v(l, s.pos0 + i), kvd);
-    }
-  }
-
-  // Causal (optionally windowed) softmax attention, one (token, head) per task.
-  const auto& items = ws.items;
-  const int64_t group = c.heads / c.kv_heads;
-  parallel_for(T * c.heads, 1, [&](int64_t w0, int64_t w1) {
-    float* sc = ws.scores.data() + int64_t(omp_get_thread_num()) * ws.ctx;
-    for (int64_t w = w0; w < w1; ++w) {
-      const TokenRef& it = items[size_t(w / c.heads)];
-      const int64_t h = w % c.heads, kvh = h / group;
+      const KvFormat& f = *it.s->kv->format;
       const int64_t pos = it.s->pos0 + it.i;
-      const int64_t j0 = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
-      const int64_t n = pos - j0 + 1;
-      const int64_t ld = it.s->kv->row_stride();
-      const float* q = ws.qkv.data() + it.t * qkv_n + h * hd;
-      K.attn_scores(q, it.s->kv->k(l, j0) + kvh * hd, ld, n, hd, c.attn_scale, sc);
-      if (c.attn_softcap > 0.f)
-        for (int64_t j = 0; j < n; ++j) sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
-      K.softmax(sc, n);
-      K.attn_weighted_sum(sc, it.s->kv->v(l, j0) + kvh * hd, ld, n, hd, ws.attn.data() + it.t * qd + h * hd);
+      uint8_t* page = it.s->kv->pages[pos / f.page_tokens] + l * f.layer_bytes;
+      const int64_t slot = pos % f.page_tokens;
+      const float* kr = row + qd;
+      const float* vr = row + qd + kvd;
+      if (f.elem == kernels::KvElem::kBf16) {
+        K.f32_to_bf16(kr, reinterpret_cast<uint16_t*>(page + f.k_offset + slot * f.row_bytes()),
+                      kvd);
+        K.f32_to_bf16(vr, reinterpret_cast<uint16_t*>(page + f.v_offset + slot * f.row_bytes()),
+                      kvd);
+        continue;
+      }
+      uint8_t* kd = page + f.k_offset + slot * f.row_bytes();
+      uint8_t* vd = page + f.v_offset + slot * f.row_bytes();
+      for (int64_t h = 0; h < c.kv_heads; ++h) {
+        float ks, vs;
+        if (f.dynamic_scales) {
+          ks = kv_row_scale(f.elem, kr + h * hd, hd);
+          vs = kv_row_scale(f.elem, vr + h * hd, hd);
+          reinterpret_cast<float*>(page + f.k_scale_offset)[slot * c.kv_heads + h] = ks;
+          reinterpret_cast<float*>(page + f.v_scale_offset)[slot * c.kv_heads + h] = vs;
+        } else {
+          ks = f.static_k[size_t(l * c.kv_heads + h)];
+          vs = f.static_v[size_t(l * c.kv_heads + h)];
+        }
+        kv_store_row(f.elem, kr + h * hd, hd, ks, kd + h * hd);
+        kv_store_row(f.elem, vr + h * hd, hd, vs, vd + h * hd);
+      }
     }
   });
+}
+
+// BF16 rows for prefill attention: earlier positions decoded from the pages,
+// the chunk's own positions from the fresh FP32 rows (so FP8 pages do not
+// round-trip the chunk's own K/V; with BF16 pages both give the same bits).
+void Model::gather_kv(int64_t l, const Batch& b) {
+  const auto& c = cfg_;
+  const auto& K = kernels::active();
+  auto& ws = *ws_;
+  const int64_t hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_n = qd + 2 * kvd;
+  // One task per (chunk, page) of rows to gather.
+  std::vector<GatherPiece>& pieces = gather_pieces_;
+  pieces.clear();
+  int64_t t_base = 0;
+  std::vector<int64_t>& chunk_t0 = chunk_t0_;
+  chunk_t0.assign(b.seqs.size(), 0);
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    const auto& s = b.seqs[si];
+    chunk_t0[si] = t_base;
+    t_base += s.n_tokens;
+    if (ws.gather_off[si] < 0) continue;
+    const int64_t pt = s.kv->format->page_tokens;
+    for (int64_t j = ws.gather_j0[si]; j < s.pos0 + s.n_tokens;) {
+      const int64_t e = std::min((j / pt + 1) * pt, s.pos0 + s.n_tokens);
+      pieces.push_back({int64_t(si), j, e});
+      j = e;
+    }
+  }
+  parallel_for(int64_t(pieces.size()), 1, [&](int64_t p0, int64_t p1) {
+    float tmp[2 * 1024];
+    for (int64_t p = p0; p < p1; ++p) {
+      const GatherPiece& pc = pieces[size_t(p)];
+      const auto& s = b.seqs[size_t(pc.seq)];
+      const KvFormat& f = *s.kv->format;
+      for (int64_t j = pc.j0; j < pc.j1; ++j) {
+        uint16_t* gk =
+            ws.gk.data() + (ws.gather_off[size_t(pc.seq)] + j - ws.gather_j0[size_t(pc.seq)]) * kvd;
+        uint16_t* gv = ws.gv.data() + (gk - ws.gk.data());
+        if (j >= s.pos0) {
+          const float* row = ws.qkv.data() + (chunk_t0[size_t(pc.seq)] + j - s.pos0) * qkv_n;
+          K.f32_to_bf16(row + qd, gk, kvd);
+          K.f32_to_bf16(row + qd + kvd, gv, kvd);
+          continue;
+        }
+        const uint8_t* page = s.kv->pages[j / f.page_tokens] + l * f.layer_bytes;
+        const int64_t slot = j % f.page_tokens;
+        const uint8_t* kd = page + f.k_offset + slot * f.row_bytes();
+        const uint8_t* vd = page + f.v_offset + slot * f.row_bytes();
+        if (f.elem == kernels::KvElem::kBf16) {
+          std::memcpy(gk, kd, size_t(kvd) * 2);
+          std::memcpy(gv, vd, size_t(kvd) * 2);
+          continue;
+        }
+        const float* table =
+            f.elem == kernels::KvElem::kFp8E4m3 ? fp8_e4m3_table() : fp8_e5m2_table();
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          float ks, vs;
+          if (f.dynamic_scales) {
+            ks = reinterpret_cast<const float*>(page + f.k_scale_offset)[slot * c.kv_heads + h];
+            vs = reinterpret_cast<const float*>(page + f.v_scale_offset)[slot * c.kv_heads + h];
+          } else {
+            ks = f.static_k[size_t(l * c.kv_heads + h)];
+            vs = f.static_v[size_t(l * c.kv_heads + h)];
+          }
+          for (int64_t d = 0; d < hd; ++d) {
+            tmp[d] = table[kd[h * hd + d]] * ks;
+            tmp[hd + d] = table[vd[h * hd + d]] * vs;
+          }
+          K.f32_to_bf16(tmp, gk + h * hd, hd);
+          K.f32_to_bf16(tmp + hd, gv + h * hd, hd);
+        }
+      }
+    }
+  });
+}
+
+void Model::attention(int64_t l, const Batch& b, int64_t T) {
+  const auto& c = cfg_;
+  const auto& K = kernels::active();
+  auto& ws = *ws_;
+  const int64_t hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_n = qd + 2 * kvd;
+  const bool sliding = c.sliding[size_t(l)] && c.sliding_window > 0;
+  const int64_t group = c.heads / c.kv_heads;
+
+  store_kv(l, b, T);
+  gather_kv(l, b);
+
+  // Work items: decode chunks per (chunk, KV head) through the pages, prefill
+  // tokens per (token, query head) over the gathered rows.
+  auto& dec = ws.decode_tasks;
+  auto& pre = ws.prefill_tasks;
+  dec.clear();
+  pre.clear();
+  {
+    int64_t t = 0;
+    for (size_t si = 0; si < b.seqs.size(); ++si) {
+      const auto& s = b.seqs[si];
+      if (ws.gather_off[si] < 0) {
+        for (int64_t h = 0; h < c.kv_heads; ++h) dec.push_back({int64_t(si), h, 0});
+      } else {
+        for (int64_t i = 0; i < s.n_tokens; ++i)
+          for (int64_t h = 0; h < c.heads; ++h) pre.push_back({int64_t(si), t + i, h});
+      }
+      t += s.n_tokens;
+    }
+  }
+  std::vector<int64_t>& chunk_t0 = chunk_t0_;
+  const int64_t n_dec = int64_t(dec.size()), n_all = n_dec + int64_t(pre.size());
+  const int nt = num_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_all > 1 && nt > 1)
+  for (int64_t w = 0; w < n_all; ++w) {
+    const int tid = omp_get_thread_num();
+    float* sc = ws.scores.data() + int64_t(tid) * group * ws.ctx;
+    if (w < n_dec) {
+      const auto& task = dec[size_t(w)];
+      const auto& s = b.seqs[size_t(task.seq)];
+      const KvFormat& f = *s.kv->format;
+      const int64_t kvh = task.a;
+      const int64_t pos = s.pos0;  // the single token's position
+      const int64_t j0 = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+      const int64_t n = pos - j0 + 1;
+      const int64_t eb = f.elem_bytes();
+      const uint8_t** kp = ws.ptrs.data() + int64_t(tid) * 4 * ws.max_pages;
+      const uint8_t** vp = kp + ws.max_pages;
+      const float** ksp = reinterpret_cast<const float**>(vp + ws.max_pages);
+      const float** vsp = ksp + ws.max_pages;
+      kernels::PagedKv kv;
+      kv.elem = f.elem;
+      kv.n_tokens = n;
+      kv.scale_stride = c.kv_heads;
+      if (!f.dynamic_scales && f.elem != kernels::KvElem::kBf16) {
+        kv.k_scale = f.static_k[size_t(l * c.kv_heads + kvh)];
+        kv.v_scale = f.static_v[size_t(l * c.kv_heads + kvh)];
+      }
+      // Page-aligned start: one pointer per page; a window starting inside a
+      // page: one pointer per token (page_tokens = 1).
+      const bool per_token = j0 % f.page_tokens != 0;
+      kv.page_tokens = per_token ? 1 : f.page_tokens;
+      kv.token_stride = f.row_bytes();
+      const int64_t np = per_token ? n : (n + f.page_tokens - 1) / f.page_tokens;
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t j = per_token ? j0 + p : j0 + p * f.page_tokens;
+        const uint8_t* page = s.kv->pages[j / f.page_tokens] + l * f.layer_bytes;
+        const int64_t slot = j % f.page_tokens;
+        kp[p] = page + f.k_offset + slot * f.row_bytes() + kvh * hd * eb;
+        vp[p] = page + f.v_offset + slot * f.row_bytes() + kvh * hd * eb;
+        if (f.dynamic_scales) {
+          ksp[p] =
+              reinterpret_cast<const float*>(page + f.k_scale_offset) + slot * c.kv_heads + kvh;
+          vsp[p] =
+              reinterpret_cast<const float*>(page + f.v_scale_offset) + slot * c.kv_heads + kvh;
+        }
+      }
+      kv.k_pages = kp;
+      kv.v_pages = vp;
+      if (f.dynamic_scales) {
+        kv.k_scales = ksp;
+        kv.v_scales = vsp;
+      }
+      const int64_t t = chunk_t0[size_t(task.seq)];
+      const float* q = ws.qkv.data() + t * qkv_n + kvh * group * hd;
+      K.paged_attn_decode(q, group, hd, c.attn_scale, kv, sc,
+                          ws.attn.data() + t * qd + kvh * group * hd);
+      continue;
+    }
+    // Prefill: causal (optionally windowed) softmax attention of one (token, head).
+    const auto& task = pre[size_t(w - n_dec)];
+    const auto& s = b.seqs[size_t(task.seq)];
+    const TokenRef& it = ws.items[size_t(task.a)];
+    const int64_t h = task.b, kvh = h / group;
+    const int64_t pos = it.s->pos0 + it.i;
+    const int64_t j0 = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+    const int64_t n = pos - j0 + 1;
+    const int64_t row0 = ws.gather_off[size_t(task.seq)] + j0 - ws.gather_j0[size_t(task.seq)];
+    (void)s;
+    const float* q = ws.qkv.data() + it.t * qkv_n + h * hd;
+    K.attn_scores(q, ws.gk.data() + row0 * kvd + kvh * hd, kvd, n, hd, c.attn_scale, sc);
+    if (c.attn_softcap > 0.f)
+      for (int64_t j = 0; j < n; ++j) sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
+    K.softmax(sc, n);
+    K.attn_weighted_sum(sc, ws.gv.data() + row0 * kvd + kvh * hd, kvd, n, hd,
+                        ws.attn.data() + it.t * qd + h * hd);
+  }
 }
 
 }  // namespace kvant

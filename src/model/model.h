@@ -1,8 +1,11 @@
 // Model: a loaded decoder and its forward pass over a batch of sequence
 // chunks. Tokens of every sequence in the batch go through each matrix
 // product together; attention runs per sequence against that sequence's KV.
-// The KV here is a contiguous per-sequence BF16 store (SeqKv); the model does
-// not schedule, sample or own sequences.
+// Each chunk's new K/V rows are written into its pages (kv_view.h) in the
+// page dtype. Attention: a single-token chunk reads its pages directly
+// (paged_attn_decode, FP8 decoded in registers); a longer chunk (prefill)
+// runs in BF16 over its earlier pages gathered and its own fresh rows. The
+// model does not schedule, sample, allocate pages or own sequences.
 #pragma once
 
 #include <cstdint>
@@ -14,29 +17,14 @@
 #include "core/aligned.h"
 #include "core/result.h"
 #include "model/config.h"
+#include "model/kv_view.h"
 #include "model/weights.h"
 
 namespace kvant {
 
-// K and V rows of one sequence, per layer: [capacity, kv_heads, head_dim]
-// each, BF16 (K after RoPE).
-class SeqKv {
- public:
-  SeqKv(const ModelConfig& c, int64_t capacity);
-  int64_t capacity() const { return capacity_; }
-  int64_t row_stride() const { return kv_dim_; }
-  uint16_t* k(int64_t layer, int64_t pos) { return k_[size_t(layer)].data() + pos * kv_dim_; }
-  uint16_t* v(int64_t layer, int64_t pos) { return v_[size_t(layer)].data() + pos * kv_dim_; }
-
- private:
-  int64_t capacity_;
-  int64_t kv_dim_;
-  std::vector<AlignedBuffer<uint16_t>> k_, v_;
-};
-
 struct SeqChunk {
-  SeqKv* kv = nullptr;
-  int64_t pos0 = 0;        // position of the chunk's first token
+  const KvSpan* kv = nullptr;  // the sequence's pages (covering pos0 + n_tokens)
+  int64_t pos0 = 0;            // position of the chunk's first token
   int64_t n_tokens = 0;
   bool all_logits = false;  // logits for every token, else for the last only
 };
@@ -61,7 +49,9 @@ class Model {
 
  private:
   struct Workspace;
-  void ensure_workspace(int64_t tokens, int64_t max_ctx);
+  void ensure_workspace(int64_t tokens, int64_t max_ctx, int64_t max_pages, int64_t gather_rows);
+  void store_kv(int64_t layer, const Batch& b, int64_t T);
+  void gather_kv(int64_t layer, const Batch& b);
   void layer_forward(int64_t layer, const Batch& b, int64_t T);
   void attention(int64_t layer, const Batch& b, int64_t T);
   void rope_tables(const Batch& b, int64_t T);
@@ -70,6 +60,11 @@ class Model {
   ModelWeights w_;
   std::vector<float> inv_freq_, inv_freq_local_;  // [head_dim/2]
   std::unique_ptr<Workspace> ws_;
+  struct GatherPiece {
+    int64_t seq, j0, j1;
+  };
+  std::vector<GatherPiece> gather_pieces_;
+  std::vector<int64_t> chunk_t0_;  // [seqs] first batch token of each chunk
 };
 
 }  // namespace kvant

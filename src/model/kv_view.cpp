@@ -1,0 +1,68 @@
+// SeqKv and the FP32 -> page-dtype row rule (see kv_view.h).
+#include "model/kv_view.h"
+
+#include <cmath>
+
+#include "model/config.h"
+#include "numerics/bf16.h"
+#include "numerics/fp8.h"
+
+namespace kvant {
+
+namespace {
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+SeqKv::SeqKv(const ModelConfig& c, int64_t capacity) {
+  fmt_.elem = kernels::KvElem::kBf16;
+  fmt_.kv_heads = c.kv_heads;
+  fmt_.head_dim = c.head_dim;
+  fmt_.page_tokens = 16;
+  const int64_t block = round_up(fmt_.page_tokens * fmt_.row_bytes(), 64);
+  fmt_.k_offset = 0;
+  fmt_.v_offset = block;
+  fmt_.layer_bytes = 2 * block;
+  const int64_t n_pages = (capacity + fmt_.page_tokens - 1) / fmt_.page_tokens;
+  const int64_t page_bytes = c.layers * fmt_.layer_bytes;
+  arena_ = AlignedBuffer<uint8_t>(size_t(n_pages * page_bytes));
+  for (int64_t p = 0; p < n_pages; ++p) page_ptrs_.push_back(arena_.data() + p * page_bytes);
+  format = &fmt_;
+  pages = page_ptrs_.data();
+  this->n_pages = n_pages;
+}
+
+void kv_store_row(kernels::KvElem elem, const float* x, int64_t n, float scale, void* out) {
+  switch (elem) {
+    case kernels::KvElem::kBf16: {
+      auto* o = static_cast<uint16_t*>(out);
+      for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(x[i]);
+      return;
+    }
+    case kernels::KvElem::kFp8E4m3: {
+      auto* o = static_cast<uint8_t*>(out);
+      for (int64_t i = 0; i < n; ++i) o[i] = f32_to_fp8_e4m3(x[i] / scale);
+      return;
+    }
+    case kernels::KvElem::kFp8E5m2: {
+      auto* o = static_cast<uint8_t*>(out);
+      for (int64_t i = 0; i < n; ++i) o[i] = f32_to_fp8_e5m2(x[i] / scale);
+      return;
+    }
+  }
+}
+
+float kv_row_scale(kernels::KvElem elem, const float* x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (std::isfinite(a) && a > amax) amax = a;
+  }
+  const float max_finite = elem == kernels::KvElem::kFp8E4m3   ? kFp8E4m3Max
+                           : elem == kernels::KvElem::kFp8E5m2 ? kFp8E5m2Max
+                                                               : 0.0f;
+  if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
+  const float s = amax / max_finite;
+  return s > 0.0f ? s : 1.17549435e-38f;
+}
+
+}  // namespace kvant
