@@ -5,9 +5,16 @@
 // into FP16's exponent/mantissa fields (sign kept) is its value times 2^-8,
 // subnormals included; VCVTPH2PS widens exactly. The 2^8 is folded into the
 // per-token score factor and into the probabilities (exact powers of two), so
-// results equal decoding through numerics/fp8.h's tables. Dot products keep
-// attn_scores' chunk order and hsum tree; the V sum is attn_weighted_sum's
-// sequential FMA over t.
+// results equal decoding through numerics/fp8.h's tables. e4m3 NaN codes are
+// found per row with one byte compare per 64 codes; rows without one (all of
+// them, in practice) skip the per-element NaN select.
+//
+// Scores go 16 tokens at a time: each token's 16-lane partial dot product is
+// reduced together with the others' by a transpose-and-add tree (levels pair
+// lane l with l+8, l+4, l+2, l+1, as hsum does, so every token's sum is
+// bitwise hsum's), which leaves the 16 scores in one vector: one multiply by
+// the 16 tokens' factors (dynamic scales loaded 16 at a time) and one store.
+// The V sum is attn_weighted_sum's sequential FMA over t.
 #include <cmath>
 #include <limits>
 
@@ -18,8 +25,14 @@
 namespace kvant::kernels::avx512 {
 namespace {
 
-// 16 elements (lanes past m are 0) of a row, as FP32; e4m3 comes out times 2^-8.
-template <KvElem E>
+inline __mmask64 mask64(int64_t n) {
+  return __mmask64(_bzhi_u64(~0ull, unsigned(std::clamp<int64_t>(n, 0, 64))));
+}
+
+// 16 elements (lanes past m are 0) of a row, as FP32; e4m3 comes out times
+// 2^-8. With Exact false an e4m3 NaN code decodes as a finite value (callers
+// check rows with e4m3_has_nan first).
+template <KvElem E, bool Exact = true>
 inline __m512 decode16(const uint8_t* p, __mmask16 m) {
   if constexpr (E == KvElem::kBf16) {
     return maskz_load_bf16(m, reinterpret_cast<const uint16_t*>(p));
@@ -30,12 +43,24 @@ inline __m512 decode16(const uint8_t* p, __mmask16 m) {
     } else {
       // S.EEEE.MMM << 8, arithmetic >> 1 copies S into bit 14; clear it.
       const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(short(0xbfff)));
+      if constexpr (!Exact) return _mm512_cvtph_ps(h);
       const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
                                                     _mm256_set1_epi16(0x3f80));
       return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan,
                                 _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
     }
   }
+}
+
+// Whether bytes [0, n) of p hold an e4m3 NaN code (S.1111.111).
+inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
+  __mmask64 any = 0;
+  for (int64_t d = 0; d < n; d += 64) {
+    const __mmask64 m = mask64(n - d);
+    const __m512i v = _mm512_or_si512(_mm512_maskz_loadu_epi8(m, p + d), _mm512_set1_epi8(-128));
+    any |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_set1_epi8(-1));
+  }
+  return any != 0;
 }
 
 // Pages are scattered, so hardware prefetchers stop at each page's end; the
@@ -45,32 +70,156 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
 }
 
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
 template <KvElem E>
 constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
+
+// Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
+inline __m512 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
+                           int nb) {
+  const __mmask16 m = mask16(nb);
+  if (i + nb <= kv.page_tokens) {
+    const float* base = sc[pg] + i * kv.scale_stride;
+    if (kv.scale_stride == 1) return _mm512_maskz_loadu_ps(m, base);
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(int(kv.scale_stride)));
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base, 4);
+  }
+  alignas(64) float tmp[16] = {};
+  for (int j = 0; j < nb; ++j) {
+    tmp[j] = sc[pg][i * kv.scale_stride];
+    if (++i == kv.page_tokens) i = 0, ++pg;
+  }
+  return _mm512_load_ps(tmp);
+}
+
+// The reduction tree. Inputs are per-token 16-lane partial sums; outputs hold
+// partial sums of several tokens. Each level adds lane l to lane l + w of the
+// same token (w = 8, 4, 2, 1: hsum's tree); the two addends come from one
+// blend (kept lanes) and one shuffle (the moved ones), or two shuffles.
+// [a0 (8 partials) | a1 (8)]
+inline __m512 tree1(__m512 a0, __m512 a1) {
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xff00, a0, a1),
+                       _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// [b0 = T0 | T1] [b1 = T2 | T3] -> [T0 | T1 | T2 | T3], 4 partials each.
+inline __m512 tree2(__m512 b0, __m512 b1) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+// [c0 = T0..T3] [c1 = T4..T7] -> block k: [T_k x2 | T_{k+4} x2].
+inline __m512 tree3(__m512 c0, __m512 c1) {
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xcccc, c0, c1),
+                       _mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// [d0 = T0..T7] [d1 = T8..T15] -> lane 4k + m holds token k + 4m.
+inline __m512 tree4(__m512 d0, __m512 d1) {
+  return _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 
 // s[h * n + t] for heads [0, H) of the block starting at q.
 template <KvElem E, int H>
 void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
-  const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
-  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
-  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
-    const uint8_t* row = kv.k_pages[pg] + i * kv.token_stride;
-    if (pg + 1 < pages) prefetch_row(kv.k_pages[pg + 1] + i * kv.token_stride, hd * eb);
-    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, pg, i, kv);
-    __m512 acc[H];
+  const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
+  const int64_t pages = (n + pt - 1) / pt;
+  const __m512i unshuffle =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const float static_c = E == KvElem::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
+  int64_t pg = 0, i = 0;  // where token t0 lives
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int nb = int(std::min<int64_t>(16, n - t0));
+    const uint8_t* rows[16];
+    bool nan = false;
+    {
+      int64_t p2 = pg, i2 = i;
+      for (int j = 0; j < nb; ++j) {
+        rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
+        if (p2 + 1 < pages) prefetch_row(kv.k_pages[p2 + 1] + i2 * kv.token_stride, hd * eb);
+        if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
+        if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
+        if (++i2 == pt) i2 = 0, ++p2;
+      }
+      for (int j = nb; j < 16; ++j) rows[j] = rows[0];  // lanes not stored
+      __m512 c = _mm512_set1_ps(static_c);
+      if (E != KvElem::kBf16 && kv.k_scales)
+        c = _mm512_mul_ps(
+            _mm512_mul_ps(_mm512_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb)),
+            _mm512_set1_ps(kFold<E>));
+      __m512 b_even[H], c_even[H], d_first[H], e[H];
 #pragma GCC unroll 8
-    for (int h = 0; h < H; ++h) acc[h] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 16) {
-      const __mmask16 m = mask16(hd - d);
-      const __m512 kv16 = decode16<E>(row + d * eb, m);
+      for (int pr = 0; pr < 8; ++pr) {
+        __m512 acc0[H], acc1[H];
 #pragma GCC unroll 8
-      for (int h = 0; h < H; ++h)
-        acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + h * hd + d), kv16, acc[h]);
+        for (int h = 0; h < H; ++h) acc0[h] = acc1[h] = _mm512_setzero_ps();
+        const uint8_t* r0 = rows[2 * pr];
+        const uint8_t* r1 = rows[2 * pr + 1];
+        for (int64_t d = 0; d < hd; d += 16) {
+          const __mmask16 m = mask16(hd - d);
+          const __m512 k0 = decode16<E, false>(r0 + d * eb, m);
+          const __m512 k1 = decode16<E, false>(r1 + d * eb, m);
+#pragma GCC unroll 8
+          for (int h = 0; h < H; ++h) {
+            const __m512 qv = _mm512_maskz_loadu_ps(m, q + h * hd + d);
+            acc0[h] = _mm512_fmadd_ps(qv, k0, acc0[h]);
+            acc1[h] = _mm512_fmadd_ps(qv, k1, acc1[h]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < H; ++h) {
+          const __m512 b = tree1(acc0[h], acc1[h]);
+          if (pr % 2 == 0) {
+            b_even[h] = b;
+            continue;
+          }
+          const __m512 cc = tree2(b_even[h], b);
+          if (pr % 4 == 1) {
+            c_even[h] = cc;
+            continue;
+          }
+          const __m512 dd = tree3(c_even[h], cc);
+          if (pr == 3)
+            d_first[h] = dd;
+          else
+            e[h] = tree4(d_first[h], dd);
+        }
+      }
+      const __mmask16 sm = mask16(nb);
+      __mmask16 nm = 0;  // rare: NaN scores for the rows holding a NaN code
+      if (nan)
+        for (int j = 0; j < nb; ++j) nm |= __mmask16(int(e4m3_has_nan(rows[j], hd)) << j);
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) {
+        const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[h]), c);
+        _mm512_mask_storeu_ps(s + h * n + t0, sm,
+                              _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
+      }
+      pg = p2, i = i2;
     }
-    const float c = E == KvElem::kBf16 ? scale : scale * k_token_scale(kv, pg, i) * kFold<E>;
-#pragma GCC unroll 8
-    for (int h = 0; h < H; ++h) s[h * n + t] = hsum(acc[h]) * c;
-  });
+  }
+}
+
+// p[h, t] *= vs_t * kFold for every head (FP8 only), 16 tokens at a time.
+template <KvElem E>
+void scale_probs16(const PagedKv& kv, int64_t group, float* p) {
+  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
+  const __m512 fold = _mm512_set1_ps(kFold<E>);
+  int64_t pg = 0, i = 0;
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int nb = int(std::min<int64_t>(16, n - t0));
+    const __mmask16 m = mask16(nb);
+    const __m512 vs = kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb)
+                                  : _mm512_set1_ps(kv.v_scale);
+    for (int64_t h = 0; h < group; ++h) {
+      float* ph = p + h * n + t0;
+      _mm512_mask_storeu_ps(ph, m,
+                            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), fold));
+    }
+    i += nb;
+    pg += i / pt, i %= pt;
+  }
 }
 
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 16 at a time.
@@ -92,8 +241,13 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
     if (pg + 1 < pages)
       prefetch_row(kv.v_pages[pg + 1] + i * kv.token_stride + d0 * eb, width * eb);
     __m512 v[C];
+    if (E == KvElem::kFp8E4m3 && e4m3_has_nan(row, width)) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) v[c] = decode16<E>(row + 16 * c * eb, mc[c]);
+      for (int c = 0; c < C; ++c) v[c] = decode16<E, true>(row + 16 * c * eb, mc[c]);
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) v[c] = decode16<E, false>(row + 16 * c * eb, mc[c]);
+    }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
       const __m512 w = _mm512_set1_ps(p[h * n + t]);
@@ -111,7 +265,7 @@ template <KvElem E, int H>
 void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s, float* out) {
   scores_block<E, H>(q, hd, scale, kv, s);
   for (int h = 0; h < H; ++h) softmax(s + h * kv.n_tokens, kv.n_tokens);
-  if constexpr (E != KvElem::kBf16) scale_probs(kv, H, kFold<E>, s);
+  if constexpr (E != KvElem::kBf16) scale_probs16<E>(kv, H, s);
   // H * C accumulators + C decoded chunks + 1 broadcast stay within 32 registers.
   constexpr int C = H <= 6 ? 4 : 3;
   for (int64_t d0 = 0; d0 < hd; d0 += 16 * C)
