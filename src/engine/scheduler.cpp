@@ -64,8 +64,10 @@ void Scheduler::clear_plan() {
 }
 
 void Scheduler::release(SequenceState& s) {
+  // Rejected entries (stale or free pages) only happen after a fault that the
+  // integrity pass reports; they are another holder's to free, not ours.
   const ReleaseCounts c = page_table_release(pool_, s.table);
-  KV_CHECK_EQ(c.rejected, int64_t(0));
+  rejected_releases_ += c.rejected;
   s.computed = 0;
   s.indexed_pages = 0;
 }
@@ -235,6 +237,11 @@ Result<void> Scheduler::finish(SeqId id, FinishReason reason) {
   return {};
 }
 
+PageTable* Scheduler::table_for_fault_injection(SeqId id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second->table;
+}
+
 const SequenceState* Scheduler::find(SeqId id) const {
   auto it = seqs_.find(id);
   return it == seqs_.end() ? nullptr : it->second.get();
@@ -249,7 +256,21 @@ SchedulerCounters Scheduler::counters() const {
   c.prefix_lookup_tokens = prefix_lookup_tokens_;
   c.steps = steps_;
   c.finished = finished_count_;
+  c.rejected_releases = rejected_releases_;
   return c;
+}
+
+int64_t Scheduler::repair_pool() {
+  holders_.clear();
+  for (const auto& [id, s] : seqs_) {
+    for (const PageRef& r : s->table.pages)
+      if (pool_.is_current(r)) holders_.push_back(r);
+  }
+  if (index_ != nullptr) {
+    index_->drop_stale();
+    index_->collect_refs(holders_);
+  }
+  return pool_.repair(holders_);
 }
 
 Result<void> Scheduler::check_invariants() const {

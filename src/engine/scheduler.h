@@ -100,6 +100,7 @@ struct SchedulerCounters {
   int64_t prefix_lookup_tokens = 0;  // prompt tokens admitted with a lookup
   int64_t steps = 0;
   int64_t finished = 0;
+  int64_t rejected_releases = 0;  // table entries not freed because they were stale (after a fault)
 };
 
 class Scheduler {
@@ -132,6 +133,8 @@ class Scheduler {
   Result<void> cancel(SeqId id) { return finish(id, FinishReason::Abort); }
 
   const SequenceState* find(SeqId id) const;
+  // Fault injection only (tests, debug): a live sequence's table, to break.
+  PageTable* table_for_fault_injection(SeqId id);
   SchedulerCounters counters() const;
   const SchedulerOptions& options() const { return options_; }
 
@@ -139,6 +142,10 @@ class Scheduler {
   // references (PagePool::check_invariants), and each sequence's table must
   // match its computed tokens and queue.
   Result<void> check_invariants() const;
+  // After a detected fault: makes the pool's reference counts and free list
+  // agree with the current entries of every table and the index (pages only
+  // a corrupted entry still pointed at are freed). Returns pages changed.
+  int64_t repair_pool();
 
  private:
   void clear_plan();
@@ -170,6 +177,7 @@ class Scheduler {
   int64_t prefix_lookup_tokens_ = 0;
   int64_t steps_ = 0;
   int64_t finished_count_ = 0;
+  int64_t rejected_releases_ = 0;
   mutable std::vector<PageRef> holders_;  // scratch for check_invariants
 };
 

@@ -1,0 +1,632 @@
+// The engine loop (see engine.h): scheduler -> integrity pass -> batched
+// forward -> sampling and stop logic -> events -> commit.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "core/threads.h"
+#include "engine/scheduler.h"
+#include "io/gguf.h"
+#include "kvcache/kv_verifier.h"
+#include "kvcache/page_pool.h"
+#include "kvcache/prefix_index.h"
+#include "model/model.h"
+
+namespace kvant {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+kernels::KvElem elem_of(KvDType d) {
+  switch (d) {
+    case KvDType::kBf16:
+      return kernels::KvElem::kBf16;
+    case KvDType::kFp8E4m3:
+      return kernels::KvElem::kFp8E4m3;
+    case KvDType::kFp8E5m2:
+      return kernels::KvElem::kFp8E5m2;
+  }
+  return kernels::KvElem::kBf16;
+}
+
+// The chat template of a Hugging Face directory (tokenizer_config.json).
+std::string read_hf_chat_template(const std::string& dir) {
+  std::ifstream f(std::filesystem::path(dir) / "tokenizer_config.json");
+  if (!f) return "";
+  auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
+    return j["chat_template"].get<std::string>();
+  return "";
+}
+
+std::string fmt_bytes(double b) {
+  char buf[64];
+  if (b >= double(int64_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(int64_t(1) << 30));
+  else if (b >= double(1 << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / double(1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+}  // namespace
+
+std::string describe(const KvCapacity& c) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "KV cache: %s%s%s, %" PRId64 " pages of %" PRId64 " tokens = %" PRId64
+                " tokens in %s (%.1f bytes/token); max context %" PRId64,
+                kv_dtype_name(c.dtype), c.scale_mode == KvScaleMode::kNone ? "" : " ",
+                c.scale_mode == KvScaleMode::kNone ? "" : kv_scale_mode_name(c.scale_mode), c.pages,
+                c.page_tokens, c.tokens, fmt_bytes(double(c.arena_bytes)).c_str(),
+                c.bytes_per_token, c.max_context);
+  return buf;
+}
+
+Result<std::unique_ptr<Tokenizer>> load_tokenizer_for(const std::string& model_path,
+                                                      std::string* chat_template) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(model_path)) {
+    auto t = Tokenizer::from_hf_json((fs::path(model_path) / "tokenizer.json").string());
+    if (!t) return t.error();
+    if (chat_template) *chat_template = read_hf_chat_template(model_path);
+    return std::make_unique<Tokenizer>(std::move(*t));
+  }
+  auto g = GgufFile::open(model_path);
+  if (!g) return g.error();
+  auto t = Tokenizer::from_gguf(*g);
+  if (!t) return t.error();
+  if (chat_template) *chat_template = g->get_string("tokenizer.chat_template").value_or("");
+  return std::make_unique<Tokenizer>(std::move(*t));
+}
+
+// ---------------------------------------------------------------------------
+
+struct Engine::Req {
+  RequestId id = 0;
+  SeqId seq = 0;
+  Request request;
+  Sampler sampler;
+  StopMatcher stop;
+  StepLogprobs lp;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = -1;  // set at the first scheduled chunk
+  bool done = false;
+  Req(Request r, const Tokenizer& tok)
+      : request(std::move(r)), sampler(request.sampling), stop(request.stop, tok) {}
+};
+
+struct Engine::Impl {
+  KvFormat format;
+  std::unique_ptr<KvVerifier> verifier;
+  std::map<RequestId, std::unique_ptr<Req>> reqs;  // admitted, not finished
+  std::unordered_map<SeqId, Req*> by_seq;
+  // Per-step scratch, kept to avoid reallocating.
+  std::vector<VerifyItem> items;
+  std::vector<VerifyFailure> failures;
+  std::vector<uint8_t> skip;
+  std::vector<std::vector<uint8_t*>> page_ptrs;
+  std::vector<KvSpan> spans;
+  std::vector<size_t> batch_index;  // plan entry of each batch chunk
+  Batch batch;
+  std::vector<float> logits;
+  std::vector<int32_t> sampled;
+  std::vector<Req*> to_finish;
+  EngineStats stats;
+  uint64_t seed_counter = 0;
+  std::mutex stats_mu;  // stats() may be read from another thread
+};
+
+Engine::~Engine() {
+  // Sequences release their pages in the scheduler's destructor, which must
+  // run before the index and the pool go.
+  scheduler_.reset();
+  index_.reset();
+}
+
+const ModelConfig& Engine::model_config() const { return model_->config(); }
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = o;
+  e->impl_ = std::make_unique<Impl>();
+  if (o.threads > 0) set_num_threads(o.threads);
+  if (o.page_tokens <= 0 || o.page_tokens > 4096)
+    return make_error("engine: page size must be in [1, 4096] tokens, got " +
+                      std::to_string(o.page_tokens));
+  if (o.max_step_tokens <= 0 || o.max_running <= 0)
+    return make_error("engine: max_step_tokens and max_running must be positive");
+
+  auto m = Model::load(o.model_path);
+  if (!m) return m.error();
+  e->model_ = std::move(*m);
+  auto t = load_tokenizer_for(o.tokenizer_path.empty() ? o.model_path : o.tokenizer_path,
+                              &e->chat_template_);
+  if (!t) return t.error();
+  e->tokenizer_ = std::move(*t);
+  const ModelConfig& c = e->model_->config();
+
+  KvGeometry g;
+  g.layers = c.layers;
+  g.kv_heads = c.kv_heads;
+  g.head_dim = c.head_dim;
+  g.dtype = o.kv_dtype;
+  g.page_tokens = o.page_tokens;
+  g.scale_mode = o.kv_dtype == KvDType::kBf16 ? KvScaleMode::kNone : o.kv_scale_mode;
+  if (o.kv_dtype != KvDType::kBf16 && g.scale_mode == KvScaleMode::kNone)
+    return make_error("engine: FP8 KV needs a scale mode (static or dynamic)");
+  PagePoolOptions po;
+  po.geometry = g;
+  if (g.scale_mode == KvScaleMode::kStatic) {
+    const std::string path =
+        o.kv_scales_path.empty() ? default_kv_scales_path(o.model_path) : o.kv_scales_path;
+    auto s = load_kv_scales(path);
+    if (!s)
+      return make_error(s.error().message +
+                        " (static FP8 KV scales come from `kvant calibrate-kv -m " + o.model_path +
+                        "`; or use --kv-scale dynamic)");
+    if (s->layers != c.layers || s->kv_heads != c.kv_heads)
+      return make_error("engine: " + path + " has scales for " + std::to_string(s->layers) +
+                        " layers x " + std::to_string(s->kv_heads) + " KV heads; the model has " +
+                        std::to_string(c.layers) + " x " + std::to_string(c.kv_heads));
+    const float mf = kv_dtype_max_finite(o.kv_dtype);
+    for (size_t i = 0; i < s->k_amax.size(); ++i) {
+      po.static_k_scales.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
+      po.static_v_scales.push_back(s->v_amax[i] > 0 ? s->v_amax[i] / mf : 1.f);
+    }
+  }
+  int64_t budget = o.kv_memory_bytes;
+  if (budget <= 0) {
+    const int64_t avail = mem_available_bytes();
+    if (avail <= 0)
+      return make_error("engine: cannot read MemAvailable; give the KV budget explicitly");
+    budget = int64_t(double(avail) * o.kv_memory_fraction);
+  }
+  po.memory_bytes = budget;
+  auto pool = PagePool::create(po);
+  if (!pool) return pool.error();
+  e->pool_ = std::move(*pool);
+  if (o.prefix_caching) {
+    PrefixIndexOptions io;
+    io.verify_checksums = o.prefix_checksums;
+    e->index_ = std::make_unique<PrefixIndex>(*e->pool_, io);
+  }
+  SchedulerOptions so;
+  so.max_step_tokens = o.max_step_tokens;
+  so.max_running = o.max_running;
+  e->scheduler_ = std::make_unique<Scheduler>(*e->pool_, e->index_.get(), so);
+  e->impl_->verifier = std::make_unique<KvVerifier>(*e->pool_);
+
+  const KvLayout& L = e->pool_->layout();
+  KvFormat& f = e->impl_->format;
+  f.elem = elem_of(g.dtype);
+  f.kv_heads = g.kv_heads;
+  f.head_dim = g.head_dim;
+  f.page_tokens = g.page_tokens;
+  f.layer_bytes = L.layer_bytes;
+  f.k_offset = L.k_offset;
+  f.v_offset = L.v_offset;
+  f.dynamic_scales = g.scale_mode == KvScaleMode::kDynamic;
+  f.k_scale_offset = L.k_scale_offset;
+  f.v_scale_offset = L.v_scale_offset;
+  if (g.scale_mode == KvScaleMode::kStatic) {
+    f.static_k = po.static_k_scales;
+    f.static_v = po.static_v_scales;
+  }
+
+  KvCapacity& cap = e->capacity_;
+  cap.dtype = g.dtype;
+  cap.scale_mode = g.scale_mode;
+  cap.page_tokens = g.page_tokens;
+  cap.pages = e->pool_->num_pages();
+  cap.tokens = e->pool_->capacity_tokens();
+  cap.arena_bytes = e->pool_->arena_bytes();
+  cap.bytes_per_token = e->pool_->bytes_per_token();
+  int64_t ctx = c.max_positions > 0 ? c.max_positions : cap.tokens;
+  if (o.max_context > 0) ctx = std::min(ctx, o.max_context);
+  cap.max_context = std::min(ctx, cap.tokens);
+  if (o.log_capacity) std::fprintf(stderr, "kvant: %s\n", describe(cap).c_str());
+  return e;
+}
+
+std::string default_kv_scales_path(const std::string& model_path) {
+  std::string p = model_path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p + ".kv_scales.json";
+}
+
+Result<RequestId> Engine::submit(Request r) {
+  const ModelConfig& c = model_->config();
+  if (r.prompt.empty()) return make_error("the prompt is empty");
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= c.vocab)
+      return make_error("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                        std::to_string(c.vocab) + ")");
+  const int64_t n = int64_t(r.prompt.size());
+  if (n >= capacity_.max_context)
+    return make_error("the prompt has " + std::to_string(n) + " tokens; the context holds " +
+                      std::to_string(capacity_.max_context) +
+                      " (prompt plus at least one generated token)");
+  KV_TRY(check_sampling_params(r.sampling));
+  KV_TRY(check_stop_params(r.stop));
+  const int64_t room = capacity_.max_context - n;
+  if (r.stop.max_tokens <= 0 || r.stop.max_tokens > room) r.stop.max_tokens = int32_t(room);
+  auto req = std::make_unique<Req>(std::move(r), *tokenizer_);
+  req->id = next_id_.fetch_add(1);
+  req->prompt_tokens = n;
+  const RequestId id = req->id;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    inbox_.push_back(std::move(req));
+    pending_.fetch_add(1);
+  }
+  return id;
+}
+
+void Engine::cancel(RequestId id) {
+  std::lock_guard<std::mutex> lk(inbox_mu_);
+  cancels_.push_back(id);
+}
+
+bool Engine::idle() const { return pending_.load() == 0; }
+
+uint64_t Engine::sequence_of(RequestId id) const {
+  auto it = impl_->reqs.find(id);
+  return it == impl_->reqs.end() ? 0 : it->second->seq;
+}
+
+void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,
+                  FinishReason finish, std::string_view error) {
+  if (!r.request.on_event) return;
+  RequestEvent ev;
+  ev.id = r.id;
+  ev.token = token;
+  ev.text = text;
+  ev.logprobs = lp;
+  ev.finish = finish;
+  ev.error = error;
+  ev.prompt_tokens = r.prompt_tokens;
+  ev.completion_tokens = r.completion_tokens;
+  ev.cached_tokens = std::max<int64_t>(0, r.cached_tokens);
+  r.request.on_event(ev);
+}
+
+// Ends a request: the scheduler returns its pages (when it still has the
+// sequence), held-back text goes out with the final event, and it is gone.
+void Engine::finish_request(Req& r, FinishReason reason, std::string_view error,
+                            bool in_scheduler) {
+  if (r.done) return;
+  r.done = true;
+  if (in_scheduler && scheduler_->find(r.seq) != nullptr) (void)scheduler_->finish(r.seq, reason);
+  auto st = r.stop.finish(reason);
+  const FinishReason fr =
+      r.stop.finish_reason() != FinishReason::None ? r.stop.finish_reason() : reason;
+  emit(r, -1, st.text, nullptr, fr, error);
+  auto& S = impl_->stats;
+  ++S.requests_finished;
+  if (fr == FinishReason::Abort) ++S.requests_aborted;
+  if (fr == FinishReason::Error) ++S.requests_failed;
+  impl_->by_seq.erase(r.seq);
+  pending_.fetch_sub(1);
+}
+
+void Engine::admit_inbox() {
+  std::vector<std::unique_ptr<Req>> fresh;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    fresh.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  auto& I = *impl_;
+  for (auto& rp : fresh) {
+    Req& r = *rp;
+    if (r.request.sampling.seed == 0) {
+      // A seed of the engine's own, fixed at admission, so the request's
+      // stream never depends on what runs beside it.
+      std::seed_seq ss{uint32_t(r.id), uint32_t(r.id >> 32), uint32_t(++I.seed_counter), 0x6b76u};
+      uint32_t v[2];
+      ss.generate(v, v + 2);
+      r.request.sampling.seed = (uint64_t(v[0]) << 32 | v[1]) | 1;
+      r.sampler = Sampler(r.request.sampling);
+    }
+    r.sampler.set_prompt(r.request.prompt, r.request.stop.max_tokens);
+    SequenceRequest sr;
+    sr.prompt = r.request.prompt;
+    sr.max_tokens = r.request.stop.max_tokens;
+    auto id = scheduler_->add(std::move(sr));
+    I.reqs.emplace(r.id, std::move(rp));
+    if (!id) {
+      finish_request(r, FinishReason::Error, id.error().message, false);
+      I.reqs.erase(r.id);
+      continue;
+    }
+    r.seq = *id;
+    I.by_seq[r.seq] = &r;
+  }
+  for (RequestId id : cancels) {
+    auto it = I.reqs.find(id);
+    if (it == I.reqs.end()) continue;
+    finish_request(*it->second, FinishReason::Abort, "", true);
+    I.reqs.erase(it);
+  }
+}
+
+Result<bool> Engine::step() {
+  admit_inbox();
+  auto& I = *impl_;
+  auto& S = I.stats;
+  const StepPlan& plan = scheduler_->schedule();
+  if (plan.empty()) {
+    KV_TRY(scheduler_->commit({}));
+    return !I.reqs.empty();
+  }
+  const size_t n = plan.sequences.size();
+  S.preemptions += int64_t(plan.preempted.size());
+
+  // Integrity pass: every (sequence, page, generation) the step touches.
+  I.skip.assign(n, 0);
+  if (options_.integrity_checks) {
+    const double t0 = now_s();
+    I.items.clear();
+    for (const auto& e : plan.sequences) I.items.push_back({e.id, e.pages});
+    I.failures.clear();
+    I.verifier->verify(I.items, I.failures);
+    S.verify_seconds += now_s() - t0;
+    for (const auto& f : I.failures) {
+      for (size_t i = 0; i < n; ++i)
+        if (plan.sequences[i].id == f.sequence) I.skip[i] = 1;
+    }
+    // One abort per failing request, naming its first bad page.
+    for (const auto& f : I.failures) {
+      auto it = I.by_seq.find(f.sequence);
+      if (it == I.by_seq.end() || it->second->done) continue;
+      Req& r = *it->second;
+      const std::string msg = "KV cache integrity check failed, request aborted: page " +
+                              std::to_string(f.page) + " (entry " + std::to_string(f.index) +
+                              ") expected generation " + std::to_string(f.expected_generation) +
+                              ", found " + std::to_string(f.actual_generation) + " (" +
+                              verify_fault_name(f.fault) + ")";
+      finish_request(r, FinishReason::Error, msg, true);
+      I.reqs.erase(r.id);
+    }
+    S.integrity_violations += int64_t(I.failures.size());
+    // The faulty tables are gone; pages a corrupted entry kept from the
+    // free list come back.
+    if (!I.failures.empty()) S.pages_repaired += scheduler_->repair_pool();
+  }
+
+  // The batch: every remaining entry, its pages as addresses.
+  I.batch.tokens.clear();
+  I.batch.seqs.clear();
+  I.batch_index.clear();
+  if (I.page_ptrs.size() < n) I.page_ptrs.resize(n);
+  I.spans.assign(n, KvSpan{});
+  for (size_t i = 0; i < n; ++i) {
+    if (I.skip[i]) continue;
+    const auto& e = plan.sequences[i];
+    auto& ptrs = I.page_ptrs[i];
+    ptrs.resize(e.pages.size());
+    for (size_t p = 0; p < e.pages.size(); ++p) ptrs[p] = pool_->page_data(e.pages[p].page);
+    I.spans[i] = KvSpan{&I.format, ptrs.data(), int64_t(ptrs.size())};
+    I.batch.tokens.insert(I.batch.tokens.end(), e.tokens.begin(), e.tokens.end());
+    I.batch.seqs.push_back(SeqChunk{&I.spans[i], e.start, e.n_tokens, false});
+    I.batch_index.push_back(i);
+    if (e.kind == StepKind::Prefill) S.prompt_tokens += e.n_tokens;
+    Req* r = I.by_seq[e.id];
+    if (r->cached_tokens < 0) r->cached_tokens = e.start;
+  }
+  const int64_t vocab = model_->config().vocab;
+  I.sampled.assign(n, -1);
+  if (!I.batch.seqs.empty()) {
+    I.logits.resize(I.batch.seqs.size() * size_t(vocab));
+    const double t0 = now_s();
+    auto fr = model_->forward(I.batch, I.logits);
+    S.forward_seconds += now_s() - t0;
+    if (!fr.ok()) {
+      // The batch was rejected as a whole: fail its requests, keep the engine.
+      for (size_t j = 0; j < I.batch_index.size(); ++j) {
+        Req* r = I.by_seq[plan.sequences[I.batch_index[j]].id];
+        if (r && !r->done) {
+          finish_request(*r, FinishReason::Error, fr.error().message, true);
+          I.reqs.erase(r->id);
+        }
+      }
+      KV_TRY(scheduler_->commit(I.sampled));
+      return true;
+    }
+  }
+
+  // Sample, run the stop logic, stream.
+  I.to_finish.clear();
+  for (size_t j = 0; j < I.batch_index.size(); ++j) {
+    const size_t i = I.batch_index[j];
+    const auto& e = plan.sequences[i];
+    if (!e.samples) continue;
+    Req& r = *I.by_seq[e.id];
+    std::span<float> row(I.logits.data() + j * size_t(vocab), size_t(vocab));
+    StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
+    const int32_t tok = r.sampler.sample(row, lp);
+    r.sampler.accept(tok);
+    I.sampled[i] = tok;
+    ++r.completion_tokens;
+    ++S.generated_tokens;
+    auto st = r.stop.step(tok);
+    if (st.finish != FinishReason::None) {
+      // The last token's event carries the finish; the scheduler lets the
+      // sequence go after commit.
+      r.done = true;
+      emit(r, tok, st.text, lp, st.finish, "");
+      I.to_finish.push_back(&r);
+    } else {
+      emit(r, tok, st.text, lp, FinishReason::None, "");
+    }
+  }
+  KV_TRY(scheduler_->commit(I.sampled));
+  for (Req* r : I.to_finish) {
+    if (scheduler_->find(r->seq) != nullptr)
+      (void)scheduler_->finish(r->seq, r->stop.finish_reason());
+    ++S.requests_finished;
+    I.by_seq.erase(r->seq);
+    pending_.fetch_sub(1);
+    I.reqs.erase(r->id);
+  }
+  // Sequences the scheduler ended on its own (max tokens reached).
+  for (const auto& f : scheduler_->finished()) {
+    auto it = I.by_seq.find(f.id);
+    if (it == I.by_seq.end()) continue;
+    Req& r = *it->second;
+    finish_request(r, f.reason, "", false);
+    I.reqs.erase(r.id);
+  }
+  ++S.steps;
+  S.kv_pages_peak = std::max(S.kv_pages_peak, pool_->used_pages());
+  if (options_.debug_invariants) KV_TRY(check_invariants());
+  return true;
+}
+
+Result<void> Engine::run_until_idle() {
+  while (!idle()) {
+    auto r = step();
+    if (!r) return r.error();
+  }
+  return {};
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = impl_->stats;
+  const auto c = scheduler_->counters();
+  s.running = c.running;
+  s.waiting = c.waiting;
+  s.preemptions = c.preemptions;
+  s.prefix_hit_tokens = c.prefix_hit_tokens;
+  s.prefix_lookup_tokens = c.prefix_lookup_tokens;
+  s.kv_pages_total = pool_->num_pages();
+  s.kv_pages_used = pool_->used_pages();
+  const auto& v = impl_->verifier->stats();
+  s.integrity_passes = int64_t(v.passes);
+  s.integrity_checks = int64_t(v.checks);
+  return s;
+}
+
+Result<void> Engine::check_invariants() const { return scheduler_->check_invariants(); }
+
+// ---------------------------------------------------------------------------
+// Static KV scale calibration.
+
+Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> tokens, int64_t chunk) {
+  const ModelConfig& c = model.config();
+  if (tokens.empty()) return make_error("calibrate-kv: no calibration tokens");
+  if (chunk <= 0) return make_error("calibrate-kv: chunk must be positive");
+  KvScales s;
+  s.layers = c.layers;
+  s.kv_heads = c.kv_heads;
+  s.k_amax.assign(size_t(c.layers * c.kv_heads), 0.f);
+  s.v_amax.assign(size_t(c.layers * c.kv_heads), 0.f);
+  std::vector<float> logits(size_t(c.vocab));
+  const int64_t hd = c.head_dim;
+  for (size_t p = 0; p < tokens.size(); p += size_t(chunk)) {
+    const int64_t n = std::min<int64_t>(chunk, int64_t(tokens.size() - p));
+    SeqKv kv(c, n);
+    Batch b;
+    b.tokens.assign(tokens.begin() + ptrdiff_t(p), tokens.begin() + ptrdiff_t(p) + n);
+    b.seqs.push_back({&kv, 0, n, false});
+    KV_TRY(model.forward(b, logits));
+    const KvFormat& f = *kv.format;
+    for (int64_t l = 0; l < c.layers; ++l)
+      for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* page = kv.pages[t / f.page_tokens] + l * f.layer_bytes;
+        const auto* kr = reinterpret_cast<const uint16_t*>(page + f.k_offset +
+                                                           (t % f.page_tokens) * f.row_bytes());
+        const auto* vr = reinterpret_cast<const uint16_t*>(page + f.v_offset +
+                                                           (t % f.page_tokens) * f.row_bytes());
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          float& ka = s.k_amax[size_t(l * c.kv_heads + h)];
+          float& va = s.v_amax[size_t(l * c.kv_heads + h)];
+          for (int64_t d = 0; d < hd; ++d) {
+            uint32_t kb = uint32_t(kr[h * hd + d]) << 16, vb = uint32_t(vr[h * hd + d]) << 16;
+            float kf, vf;
+            std::memcpy(&kf, &kb, 4);
+            std::memcpy(&vf, &vb, 4);
+            if (std::isfinite(kf)) ka = std::max(ka, std::fabs(kf));
+            if (std::isfinite(vf)) va = std::max(va, std::fabs(vf));
+          }
+        }
+      }
+    s.tokens += n;
+  }
+  return s;
+}
+
+Result<void> save_kv_scales(const KvScales& s, const std::string& path) {
+  nlohmann::json j;
+  j["format"] = "kvant.kv_scales.v1";
+  j["layers"] = s.layers;
+  j["kv_heads"] = s.kv_heads;
+  j["tokens"] = s.tokens;
+  j["source"] = s.source;
+  j["k_amax"] = s.k_amax;
+  j["v_amax"] = s.v_amax;
+  std::ofstream f(path);
+  if (!f) return make_error("cannot write " + path);
+  f << j.dump(1) << "\n";
+  if (!f) return make_error("cannot write " + path);
+  return {};
+}
+
+Result<KvScales> load_kv_scales(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return make_error("cannot open KV scales file " + path);
+  auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("format", "") != "kvant.kv_scales.v1")
+    return make_error(path + ": not a kvant KV scales file (format kvant.kv_scales.v1)");
+  KvScales s;
+  try {
+    s.layers = j.at("layers").get<int64_t>();
+    s.kv_heads = j.at("kv_heads").get<int64_t>();
+    s.tokens = j.value("tokens", int64_t(0));
+    s.source = j.value("source", "");
+    s.k_amax = j.at("k_amax").get<std::vector<float>>();
+    s.v_amax = j.at("v_amax").get<std::vector<float>>();
+  } catch (const std::exception& e) {
+    return make_error(path + ": " + e.what());
+  }
+  const size_t want = size_t(s.layers * s.kv_heads);
+  if (s.layers <= 0 || s.kv_heads <= 0 || s.k_amax.size() != want || s.v_amax.size() != want)
+    return make_error(path + ": expected " + std::to_string(want) + " K and V scales");
+  for (size_t i = 0; i < want; ++i)
+    if (!std::isfinite(s.k_amax[i]) || !std::isfinite(s.v_amax[i]) || s.k_amax[i] < 0 ||
+        s.v_amax[i] < 0)
+      return make_error(path + ": scale " + std::to_string(i) + " is negative or not finite");
+  return s;
+}
+
+}  // namespace kvant

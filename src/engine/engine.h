@@ -1,0 +1,206 @@
+// Engine: kvant's public serving API. It owns the model, the tokenizer, the
+// KV page pool, the prefix index, the scheduler and every request's sampler
+// and stop logic, and runs the loop that ties them together, one step at a
+// time:
+//
+//   schedule (decodes, prefill chunks, admissions; preemption when pages run
+//   out) -> integrity pass over every (request, page, generation) the step
+//   touches (a mismatch aborts that request alone, finish reason "error")
+//   -> one batched forward over all scheduled requests -> sample -> stop
+//   strings / tokens -> events to each request's callback -> commit.
+//
+// submit() and cancel() may be called from any thread; step() and the
+// callbacks run on the thread that drives the engine (one at a time). The
+// server and the CLI include only this header.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/logprobs.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "kvcache/kv_layout.h"
+#include "model/config.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvant {
+
+class Model;
+class PagePool;
+class PrefixIndex;
+class Scheduler;
+class FaultInjector;
+
+using RequestId = uint64_t;
+
+struct EngineOptions {
+  std::string model_path;  // GGUF file or Hugging Face directory
+  std::string
+      tokenizer_path;  // empty: the model's own; else a GGUF or a directory with tokenizer.json
+  int threads = 0;     // 0 = OpenMP's default
+  // KV cache.
+  KvDType kv_dtype = KvDType::kBf16;
+  // FP8 only: kStatic needs per-(layer, KV head) scales from a calibration
+  // pass (kv_scales_path, default <model>.kv_scales.json); kDynamic keeps
+  // per-(token, head) scales in the pages.
+  KvScaleMode kv_scale_mode = KvScaleMode::kDynamic;
+  std::string kv_scales_path;
+  int64_t kv_memory_bytes = 0;       // arena size; 0 = kv_memory_fraction of available memory
+  double kv_memory_fraction = 0.25;  // of MemAvailable, when kv_memory_bytes is 0
+  int64_t page_tokens = 16;
+  // Scheduling.
+  int64_t max_step_tokens = 512;  // tokens per forward step (decodes + prefill chunks)
+  int64_t max_running = 64;       // sequences holding pages at once
+  int64_t max_context = 0;        // prompt + generated; 0 = the model's maximum
+  bool prefix_caching = true;
+  bool prefix_checksums = false;  // XXH3 of shared pages, verified on reuse
+  // Integrity pass before every step (off only to measure what it costs).
+  bool integrity_checks = true;
+  // Check pool, tables and index invariants after every step (tests, debug).
+  bool debug_invariants = false;
+  bool log_capacity = true;  // one line on stderr at start-up
+};
+
+// One event per sampled token, and one final event (finish != None) that may
+// also carry the last token.
+struct RequestEvent {
+  RequestId id = 0;
+  int32_t token = -1;                      // the sampled token, -1 if none
+  std::string_view text;                   // text that became safe to show
+  const StepLogprobs* logprobs = nullptr;  // when the request asked for them
+  FinishReason finish = FinishReason::None;
+  std::string_view error;  // with FinishReason::Error: what went wrong
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // generated so far, this token included
+  int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+};
+using RequestCallback = std::function<void(const RequestEvent&)>;
+
+struct Request {
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  SamplingParams sampling;
+  StopParams stop;  // stop.max_tokens <= 0: up to the context limit
+  bool logprobs = false;
+  RequestCallback on_event;  // may be empty
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_pages_total = 0, kv_pages_used = 0, kv_pages_peak = 0;
+  int64_t prompt_tokens = 0;      // computed prompt tokens (prefill work)
+  int64_t generated_tokens = 0;   // sampled tokens
+  int64_t requests_finished = 0;  // every reason
+  int64_t requests_aborted = 0;   // cancelled
+  int64_t requests_failed = 0;    // finish reason error
+  int64_t preemptions = 0;
+  int64_t prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
+  int64_t integrity_passes = 0, integrity_checks = 0, integrity_violations = 0;
+  int64_t pages_repaired = 0;  // pool pages fixed up after integrity failures
+  int64_t steps = 0;
+  double forward_seconds = 0, verify_seconds = 0;
+};
+
+struct KvCapacity {
+  KvDType dtype = KvDType::kBf16;
+  KvScaleMode scale_mode = KvScaleMode::kNone;
+  int64_t page_tokens = 0, pages = 0, tokens = 0;
+  int64_t arena_bytes = 0;
+  double bytes_per_token = 0;
+  int64_t max_context = 0;
+};
+std::string describe(const KvCapacity& c);
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& model_config() const;
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const std::string& chat_template() const { return chat_template_; }
+  const KvCapacity& capacity() const { return capacity_; }
+  const EngineOptions& options() const { return options_; }
+
+  // Validates and queues a request (thread-safe). Errors name the problem:
+  // empty prompt, a prompt at or beyond the context limit (both counts),
+  // out-of-range sampling or stop parameters, token ids outside the vocabulary.
+  Result<RequestId> submit(Request request);
+  // Ends a request at the next step with finish reason "abort", returning
+  // its pages (thread-safe; unknown or finished ids are ignored).
+  void cancel(RequestId id);
+
+  // Runs one step. Returns false when there was nothing to do. Errors are
+  // engine failures (the model rejected a batch), not per-request ones.
+  Result<bool> step();
+  // Steps until no request is left.
+  Result<void> run_until_idle();
+  bool idle() const;
+
+  EngineStats stats() const;
+
+  // Tests and debugging: the cache and scheduler behind the engine, and a
+  // fault injector over them (nullptr until first asked for).
+  PagePool& pool() { return *pool_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  Result<void> check_invariants() const;
+  // The scheduler sequence serving a request (0 when not running or waiting).
+  uint64_t sequence_of(RequestId id) const;
+
+ private:
+  struct Req;
+  Engine() = default;
+  void admit_inbox();
+  void finish_request(Req& r, FinishReason reason, std::string_view error, bool in_scheduler);
+  void emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,
+            FinishReason finish, std::string_view error);
+
+  EngineOptions options_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::string chat_template_;
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<PrefixIndex> index_;
+  std::unique_ptr<Scheduler> scheduler_;
+  KvCapacity capacity_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+
+  mutable std::mutex inbox_mu_;
+  std::vector<std::unique_ptr<Req>> inbox_;
+  std::vector<RequestId> cancels_;
+  std::atomic<RequestId> next_id_{1};
+  std::atomic<int64_t> pending_{0};  // submitted and not yet finished
+};
+
+// Loads the tokenizer that goes with a model path (GGUF metadata or a Hugging
+// Face directory's tokenizer.json), and its chat template ("" if none).
+Result<std::unique_ptr<Tokenizer>> load_tokenizer_for(const std::string& model_path,
+                                                      std::string* chat_template);
+
+// Static FP8 KV scales, one per (layer, KV head) for K and for V: amax of the
+// calibration activations / the format's largest finite value.
+struct KvScales {
+  int64_t layers = 0, kv_heads = 0;
+  std::vector<float> k_amax, v_amax;  // [layers * kv_heads]
+  int64_t tokens = 0;                 // calibration tokens seen
+  std::string source;                 // what text they came from
+};
+// Runs the model over `tokens` in chunks with a BF16 cache and records the
+// largest |K| and |V| per (layer, KV head).
+Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> tokens,
+                                     int64_t chunk_tokens);
+Result<void> save_kv_scales(const KvScales& s, const std::string& path);
+Result<KvScales> load_kv_scales(const std::string& path);
+std::string default_kv_scales_path(const std::string& model_path);
+
+}  // namespace kvant

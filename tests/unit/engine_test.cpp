@@ -1,0 +1,454 @@
+// The engine loop end to end on tiny fixture models (3-4 layers, vocabulary
+// 320) and on SmolLM2: agreement with the model's own single-sequence path,
+// batch invariance across random mixes, chunk sizes and preemption, FP8
+// pages, cancellation, stop handling and integrity faults injected into
+// live requests.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "kvcache/fault_injector.h"
+#include "kvcache/page_pool.h"
+#include "model/model.h"
+
+using namespace kvant;
+
+namespace {
+
+std::string tiny(const std::string& name) {
+  return std::string(KVANT_FIXTURES) + "/golden/" + name;
+}
+std::string smollm2() { return std::string(KVANT_MODELS) + "/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::None;
+  std::string error;
+  int finals = 0;
+};
+
+EngineOptions tiny_options(const std::string& arch) {
+  EngineOptions o;
+  o.model_path = tiny(arch);
+  o.tokenizer_path = smollm2();
+  o.kv_memory_bytes = int64_t(64) << 20;
+  o.log_capacity = false;
+  o.debug_invariants = true;
+  return o;
+}
+
+Request greedy_request(std::vector<int32_t> prompt, int max_tokens, Outcome* out) {
+  Request r;
+  r.prompt = std::move(prompt);
+  r.stop.max_tokens = max_tokens;
+  r.stop.ignore_eos = true;
+  r.on_event = [out](const RequestEvent& e) {
+    if (e.token >= 0) out->tokens.push_back(e.token);
+    out->text += e.text;
+    if (e.finish != FinishReason::None) {
+      out->finish = e.finish;
+      out->error = std::string(e.error);
+      ++out->finals;
+    }
+  };
+  return r;
+}
+
+std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int32_t vocab,
+                                                 uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> ps;
+  for (int i = 0; i < n; ++i) {
+    const int len = std::uniform_int_distribution<int>(min_len, max_len)(rng);
+    std::vector<int32_t> p;
+    for (int j = 0; j < len; ++j)
+      p.push_back(std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng));
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+// Runs each prompt alone (a fresh engine each, whole-prompt prefill).
+std::vector<Outcome> run_alone(const EngineOptions& base,
+                               const std::vector<std::vector<int32_t>>& ps, int gen) {
+  std::vector<Outcome> out(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EngineOptions o = base;
+    o.max_step_tokens = 4096;
+    auto e = Engine::create(o);
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+    EXPECT_TRUE((*e)->submit(greedy_request(ps[i], gen, &out[i])).ok());
+    EXPECT_TRUE((*e)->run_until_idle().ok());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Engine, MatchesTheModelsSingleSequencePath) {
+  // Greedy through the engine (pages, chunked prefill, batched decode) gives
+  // the same tokens as a plain loop over Model::forward with its own cache.
+  for (const char* arch : {"llama3", "qwen3", "gemma3"}) {
+    auto m = Model::load(tiny(arch));
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    Model& model = **m;
+    const auto prompt = random_prompts(1, 40, 40, 320, 7)[0];
+    const int gen = 30;  // past gemma3's 12-token window
+    SeqKv kv(model.config(), 128);
+    std::vector<float> logits(320);
+    Batch b;
+    b.tokens = prompt;
+    b.seqs.push_back({&kv, 0, int64_t(prompt.size()), false});
+    std::vector<int32_t> want;
+    for (int i = 0; i < gen; ++i) {
+      ASSERT_TRUE(model.forward(b, logits).ok());
+      const int32_t t = Sampler::argmax(logits);
+      want.push_back(t);
+      b.tokens = {t};
+      b.seqs[0] = {&kv, int64_t(prompt.size()) + i, 1, false};
+    }
+    EngineOptions o = tiny_options(arch);
+    o.max_step_tokens = 16;  // three prefill chunks
+    auto e = Engine::create(o);
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    Outcome out;
+    ASSERT_TRUE((*e)->submit(greedy_request(prompt, gen, &out)).ok());
+    ASSERT_TRUE((*e)->run_until_idle().ok());
+    EXPECT_EQ(out.tokens, want) << arch;
+    EXPECT_EQ(out.finish, FinishReason::Length);
+    EXPECT_EQ(out.finals, 1);
+    EXPECT_EQ((*e)->pool().used_pages(), (*e)->stats().kv_pages_used);
+  }
+}
+
+TEST(Engine, BatchInvariantAcrossMixesChunksAndPreemption) {
+  // BF16 KV: every request's greedy tokens are bitwise those it gets alone,
+  // whatever runs beside it, however its prompt is chunked, and through
+  // preemption and recompute.
+  for (const char* arch : {"llama3", "gemma3"}) {
+    const auto prompts = random_prompts(10, 5, 70, 320, 11);
+    const int gen = 20;
+    const auto alone = run_alone(tiny_options(arch), prompts, gen);
+    std::mt19937 rng(5);
+    int64_t preemptions = 0;
+    for (int mix = 0; mix < 8; ++mix) {
+      EngineOptions o = tiny_options(arch);
+      o.max_step_tokens = std::uniform_int_distribution<int>(1, 96)(rng);
+      o.max_running = std::uniform_int_distribution<int>(1, 10)(rng);
+      o.page_tokens = mix % 2 ? 16 : 4;
+      o.prefix_caching = mix % 3 != 0;
+      // A pool too small for all at once: preemption. Smallest that still
+      // fits one whole sequence (the scheduler refuses ones that never fit).
+      o.kv_memory_bytes = 0;
+      auto probe = Engine::create(tiny_options(arch));
+      ASSERT_TRUE(probe.ok());
+      const double bpt = (*probe)->capacity().bytes_per_token;
+      const int64_t tokens = mix < 4 ? 160 : 4096;
+      o.kv_memory_bytes = int64_t(bpt * double(tokens)) + 1;
+      auto e = Engine::create(o);
+      ASSERT_TRUE(e.ok()) << e.error().message;
+      // Random arrival: some now, some after a few steps.
+      std::vector<Outcome> got(prompts.size());
+      std::vector<size_t> order(prompts.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      size_t next = 0;
+      while (next < order.size() || !(*e)->idle()) {
+        const int arrivals = std::uniform_int_distribution<int>(0, 3)(rng);
+        for (int a = 0; a < arrivals && next < order.size(); ++a, ++next)
+          ASSERT_TRUE(
+              (*e)->submit(greedy_request(prompts[order[next]], gen, &got[order[next]])).ok());
+        auto r = (*e)->step();
+        ASSERT_TRUE(r.ok()) << r.error().message;
+      }
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(got[i].tokens, alone[i].tokens) << arch << " mix " << mix << " request " << i;
+        EXPECT_EQ(got[i].finish, FinishReason::Length);
+      }
+      preemptions += (*e)->stats().preemptions;
+      EXPECT_TRUE((*e)->check_invariants().ok());
+      if (!o.prefix_caching) {
+        EXPECT_EQ((*e)->pool().used_pages(), 0);
+      }
+    }
+    EXPECT_GT(preemptions, 0) << arch << ": the small pools should have forced preemption";
+  }
+}
+
+TEST(Engine, Fp8PagesStayCloseToBf16) {
+  // FP8 pages change numerics, not behaviour: the run completes, and greedy
+  // tokens mostly agree with BF16 pages on a tiny model.
+  const auto prompts = random_prompts(4, 20, 40, 320, 3);
+  const auto ref = run_alone(tiny_options("llama3"), prompts, 16);
+  for (KvDType d : {KvDType::kFp8E4m3, KvDType::kFp8E5m2}) {
+    EngineOptions o = tiny_options("llama3");
+    o.kv_dtype = d;
+    o.kv_scale_mode = KvScaleMode::kDynamic;
+    o.max_step_tokens = 24;
+    auto e = Engine::create(o);
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    std::vector<Outcome> got(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_TRUE((*e)->submit(greedy_request(prompts[i], 16, &got[i])).ok());
+    ASSERT_TRUE((*e)->run_until_idle().ok());
+    int same = 0, total = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(got[i].tokens.size(), 16u);
+      // Count agreement up to the first divergence (afterwards contexts differ).
+      for (size_t j = 0; j < 16; ++j, ++total) {
+        if (got[i].tokens[j] != ref[i].tokens[j]) break;
+        ++same;
+      }
+    }
+    EXPECT_GT(same, 0) << kv_dtype_name(d);
+  }
+}
+
+TEST(Engine, StaticScalesNeedACalibrationFile) {
+  EngineOptions o = tiny_options("llama3");
+  o.kv_dtype = KvDType::kFp8E4m3;
+  o.kv_scale_mode = KvScaleMode::kStatic;
+  o.kv_scales_path = testing::TempDir() + "/missing.kv_scales.json";
+  auto e = Engine::create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("calibrate-kv"), std::string::npos) << e.error().message;
+
+  auto m = Model::load(tiny("llama3"));
+  ASSERT_TRUE(m.ok());
+  const auto toks = random_prompts(1, 300, 300, 320, 9)[0];
+  auto s = calibrate_kv_scales(**m, toks, 100);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->tokens, 300);
+  for (float a : s->k_amax) EXPECT_GT(a, 0.f);
+  const std::string path = testing::TempDir() + "/tiny.kv_scales.json";
+  ASSERT_TRUE(save_kv_scales(*s, path).ok());
+  auto back = load_kv_scales(path);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->k_amax, s->k_amax);
+  o.kv_scales_path = path;
+  auto e2 = Engine::create(o);
+  ASSERT_TRUE(e2.ok()) << e2.error().message;
+  Outcome out;
+  ASSERT_TRUE((*e2)->submit(greedy_request({toks.begin(), toks.begin() + 100}, 8, &out)).ok());
+  ASSERT_TRUE((*e2)->run_until_idle().ok());
+  EXPECT_EQ(out.tokens.size(), 8u);
+}
+
+TEST(Engine, RejectsBadRequestsAndKeepsServing) {
+  auto e = Engine::create(tiny_options("llama3"));
+  ASSERT_TRUE(e.ok());
+  Engine& eng = **e;
+  Outcome sink;
+  EXPECT_FALSE(eng.submit(greedy_request({}, 4, &sink)).ok());
+  auto r = eng.submit(greedy_request({1, 2, 999}, 4, &sink));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("999"), std::string::npos);
+  const int64_t ctx = eng.capacity().max_context;
+  auto too_long = eng.submit(greedy_request(std::vector<int32_t>(size_t(ctx), 5), 4, &sink));
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find(std::to_string(ctx)), std::string::npos)
+      << too_long.error().message;
+  Request bad = greedy_request({1, 2, 3}, 4, &sink);
+  bad.sampling.top_p = 2.f;
+  EXPECT_FALSE(eng.submit(bad).ok());
+  Outcome ok;
+  ASSERT_TRUE(eng.submit(greedy_request({1, 2, 3}, 4, &ok)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  EXPECT_EQ(ok.tokens.size(), 4u);
+  // A long request is capped by the context: finish "length" at the limit.
+  Outcome capped;
+  ASSERT_TRUE(
+      eng.submit(greedy_request(std::vector<int32_t>(size_t(ctx - 3), 7), 100, &capped)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  EXPECT_EQ(capped.tokens.size(), 3u);
+  EXPECT_EQ(capped.finish, FinishReason::Length);
+}
+
+TEST(Engine, CancelReturnsEveryPage) {
+  EngineOptions o = tiny_options("llama3");
+  o.prefix_caching = false;
+  o.max_step_tokens = 8;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok());
+  Engine& eng = **e;
+  const auto ps = random_prompts(6, 10, 60, 320, 21);
+  std::vector<Outcome> got(ps.size());
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < ps.size(); ++i)
+    ids.push_back(eng.submit(greedy_request(ps[i], 40, &got[i])).value());
+  for (int s = 0; s < 6; ++s) ASSERT_TRUE(eng.step().ok());
+  // Mid-prefill, mid-decode and waiting requests alike.
+  eng.cancel(ids[0]);
+  eng.cancel(ids[3]);
+  eng.cancel(ids[5]);
+  ASSERT_TRUE(eng.step().ok());
+  EXPECT_EQ(got[0].finish, FinishReason::Abort);
+  EXPECT_EQ(got[3].finish, FinishReason::Abort);
+  for (RequestId id : {ids[1], ids[2], ids[4]}) eng.cancel(id);
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  EXPECT_EQ(eng.pool().used_pages(), 0);
+  for (auto& g : got) EXPECT_EQ(g.finals, 1);
+  EXPECT_EQ(eng.stats().requests_aborted, 6);
+}
+
+TEST(Engine, StopStringsAndLogprobs) {
+  // The stop string is the text of a token the request will produce: the
+  // engine must end there and hide it.
+  EngineOptions o;
+  o.model_path = smollm2();
+  o.kv_memory_bytes = int64_t(32) << 20;
+  o.log_capacity = false;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  Engine& eng = **e;
+  const auto p = eng.tokenizer().encode("Once upon a time, in a small village,", true, false);
+  Outcome free_run;
+  ASSERT_TRUE(eng.submit(greedy_request(p, 12, &free_run)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  std::string piece;
+  size_t k = 3;
+  for (; k < free_run.tokens.size(); ++k) {
+    const int32_t one[1] = {free_run.tokens[k]};
+    piece = eng.tokenizer().decode(one);
+    const std::string before =
+        eng.tokenizer().decode(std::span<const int32_t>(free_run.tokens).first(k));
+    // The first occurrence of the token's text is where the token starts.
+    if (!piece.empty() && free_run.text.compare(0, before.size(), before) == 0 &&
+        free_run.text.find(piece) == before.size())
+      break;
+  }
+  if (k == free_run.tokens.size()) {
+    std::string ids;
+    for (int32_t t : free_run.tokens) ids += std::to_string(t) + " ";
+    GTEST_SKIP() << "no unique token text to stop on: [" << free_run.text << "] " << ids;
+  }
+  Outcome stopped;
+  Request r = greedy_request(p, 12, &stopped);
+  r.stop.stop = {piece};
+  r.logprobs = true;
+  r.sampling.top_logprobs = 3;
+  int lp_events = 0;
+  auto inner = r.on_event;
+  r.on_event = [&](const RequestEvent& ev) {
+    if (ev.token >= 0) {
+      ASSERT_NE(ev.logprobs, nullptr);
+      EXPECT_EQ(ev.logprobs->n_top, 3);
+      EXPECT_EQ(ev.logprobs->chosen.token, ev.token);
+      ++lp_events;
+    }
+    inner(ev);
+  };
+  ASSERT_TRUE(eng.submit(std::move(r)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  EXPECT_EQ(stopped.finish, FinishReason::Stop);
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, free_run.text.find(piece)));
+  EXPECT_EQ(lp_events, int(k) + 1);
+}
+
+TEST(Engine, IntegrityFaultAbortsOnlyTheVictim) {
+  // A live request's page is taken behind its back and handed to someone
+  // else; the next step's pass must abort exactly that request, with a
+  // message naming the page and both generations, while the others finish
+  // with the tokens they get alone.
+  for (int fault = 0; fault < 4; ++fault) {
+    EngineOptions o = tiny_options("llama3");
+    o.prefix_caching = false;
+    o.debug_invariants = false;  // the fault breaks invariants on purpose
+    auto e = Engine::create(o);
+    ASSERT_TRUE(e.ok());
+    Engine& eng = **e;
+    const auto ps = random_prompts(4, 30, 50, 320, 40 + uint32_t(fault));
+    const auto alone = run_alone(tiny_options("llama3"), ps, 12);
+    std::vector<Outcome> got(ps.size());
+    std::vector<RequestId> ids;
+    for (size_t i = 0; i < ps.size(); ++i)
+      ids.push_back(eng.submit(greedy_request(ps[i], 12, &got[i])).value());
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE(eng.step().ok());
+    const uint64_t seq = eng.sequence_of(ids[1]);
+    ASSERT_NE(seq, 0u);
+    PageTable* victim = eng.scheduler().table_for_fault_injection(seq);
+    ASSERT_NE(victim, nullptr);
+    ASSERT_GE(victim->pages.size(), 2u);
+    FaultInjector fi(eng.pool());
+    PageTable thief;
+    switch (fault) {
+      case 0:
+        fi.reassign_page(*victim, 1, thief);
+        break;
+      case 1:
+        fi.flip_generation(*victim, 0, 0x10);
+        break;
+      case 2:
+        ASSERT_TRUE(fi.free_while_referenced(*victim, 1).ok());
+        break;
+      case 3: {
+        // Point the entry at a page of another live request.
+        PageTable* other = eng.scheduler().table_for_fault_injection(eng.sequence_of(ids[2]));
+        fi.redirect_entry(*victim, 0, other->pages[0].page);
+        break;
+      }
+    }
+    ASSERT_TRUE(eng.run_until_idle().ok());
+    EXPECT_EQ(got[1].finish, FinishReason::Error) << "fault " << fault;
+    EXPECT_NE(got[1].error.find("page"), std::string::npos) << got[1].error;
+    EXPECT_NE(got[1].error.find("expected generation"), std::string::npos) << got[1].error;
+    for (size_t i : {size_t(0), size_t(2), size_t(3)}) {
+      EXPECT_EQ(got[i].tokens, alone[i].tokens) << "fault " << fault << " request " << i;
+      EXPECT_EQ(got[i].finish, FinishReason::Length);
+    }
+    EXPECT_GE(eng.stats().integrity_violations, 1);
+    EXPECT_EQ(eng.stats().requests_failed, 1);
+    // After the abort and the repair, the books balance again and every page
+    // comes back.
+    EXPECT_TRUE(eng.check_invariants().ok()) << eng.check_invariants().error().message;
+    EXPECT_EQ(eng.pool().used_pages(), 0);
+  }
+}
+
+TEST(Engine, SmolLM2GreedyMatchesTheSingleSequencePath) {
+  const std::string path = smollm2();
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing: run scripts/fetch_model.sh";
+  EngineOptions o;
+  o.model_path = path;
+  o.kv_memory_bytes = int64_t(64) << 20;
+  o.log_capacity = false;
+  o.max_step_tokens = 32;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  Engine& eng = **e;
+  const std::vector<std::string> texts = {
+      "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"};
+  std::vector<Outcome> got(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i)
+    ASSERT_TRUE(
+        eng.submit(greedy_request(eng.tokenizer().encode(texts[i], true, false), 16, &got[i]))
+            .ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  auto m = Model::load(path);
+  ASSERT_TRUE(m.ok());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto prompt = eng.tokenizer().encode(texts[i], true, false);
+    SeqKv kv((*m)->config(), 128);
+    std::vector<float> logits(size_t((*m)->config().vocab));
+    Batch b;
+    b.tokens = prompt;
+    b.seqs.push_back({&kv, 0, int64_t(prompt.size()), false});
+    std::vector<int32_t> want;
+    for (int s = 0; s < 16; ++s) {
+      ASSERT_TRUE((*m)->forward(b, logits).ok());
+      want.push_back(Sampler::argmax(logits));
+      b.tokens = {want.back()};
+      b.seqs[0] = {&kv, int64_t(prompt.size()) + s, 1, false};
+    }
+    EXPECT_EQ(got[i].tokens, want) << texts[i];
+  }
+}
