@@ -2,10 +2,14 @@
 // structure at 8 lanes. FP8 is decoded through FP16 by bit manipulation
 // (e5m2 is FP16's top byte; e4m3 shifted into FP16's fields is its value
 // times 2^-8, the 2^8 folded into the per-token factors) and widened with
-// F16C's VCVTPH2PS, exactly. Rows are read once per block of up to 8 heads
-// (scores) or 4 heads (weighted sum, 16 registers). Dot products follow
-// avx2::attn_scores' chunk order and hsum tree; the V sum is the sequential
-// FMA over t of attn_weighted_sum.
+// F16C's VCVTPH2PS, exactly; e4m3 NaN codes are found per row (one byte
+// compare per 32 codes) and rows without one skip the per-element NaN select.
+// Scores go 8 tokens at a time for blocks of up to 4 heads: the tokens' 8-lane
+// partial dot products are reduced together by a transpose-and-add tree whose
+// levels pair lane l with l+4, l+2, l+1 (avx2::hsum's tree, so every score is
+// bitwise attn_scores'), then scaled by the 8 tokens' factors in one multiply.
+// The weighted sum reads each V row once per block of up to 4 heads (16
+// registers) and is the sequential FMA over t of attn_weighted_sum.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,8 +29,10 @@ inline __m128i load8_part(const uint8_t* p, int64_t n) {
   return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
 }
 
-// 8 elements (past n: 0) of a row as FP32; e4m3 comes out times 2^-8.
-template <KvElem E>
+// 8 elements (past n: 0) of a row as FP32; e4m3 comes out times 2^-8. With
+// Exact false an e4m3 NaN code decodes as a finite value (callers check rows
+// with e4m3_has_nan first).
+template <KvElem E, bool Exact = true>
 inline __m256 decode8(const uint8_t* p, int64_t n) {
   if constexpr (E == KvElem::kBf16) {
     return load_bf16_part(reinterpret_cast<const uint16_t*>(p), n);
@@ -37,6 +43,7 @@ inline __m256 decode8(const uint8_t* p, int64_t n) {
     } else {
       // S.EEEE.MMM << 8, arithmetic >> 1 copies S into bit 14; clear it.
       const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16(short(0xbfff)));
+      if constexpr (!Exact) return _mm256_cvtph_ps(h);
       const __m128i nan16 =
           _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x3f80));
       return _mm256_blendv_ps(_mm256_cvtph_ps(h),
@@ -46,6 +53,24 @@ inline __m256 decode8(const uint8_t* p, int64_t n) {
   }
 }
 
+// Whether bytes [0, n) of p hold an e4m3 NaN code (S.1111.111).
+inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
+  __m256i any = _mm256_setzero_si256();
+  int64_t d = 0;
+  for (; d + 32 <= n; d += 32)
+    any = _mm256_or_si256(
+        any, _mm256_cmpeq_epi8(
+                 _mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + d)),
+                                 _mm256_set1_epi8(-128)),
+                 _mm256_set1_epi8(-1)));
+  __m128i tail = _mm_setzero_si128();
+  for (; d < n; d += 8)  // bytes past n load as 0, never a NaN code
+    tail = _mm_or_si128(tail, _mm_cmpeq_epi8(_mm_or_si128(load8_part(p + d, n - d),
+                                                          _mm_set1_epi8(-128)),
+                                             _mm_set1_epi8(-1)));
+  return (_mm256_movemask_epi8(any) | _mm_movemask_epi8(tail)) != 0;
+}
+
 // Pages are scattered, so hardware prefetchers stop at each page's end; the
 // same slot of the next page is requested one page ahead.
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
@@ -53,30 +78,137 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
 }
 
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
 template <KvElem E>
 constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 
+// Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
+inline __m256 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
+                           int nb) {
+  if (i + nb <= kv.page_tokens) {
+    const float* base = sc[pg] + i * kv.scale_stride;
+    if (kv.scale_stride == 1) return load_part(base, nb);
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                           _mm256_set1_epi32(int(kv.scale_stride)));
+    return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, idx,
+                                    _mm256_castsi256_ps(lanes_below(nb)), 4);
+  }
+  alignas(32) float tmp[8] = {};
+  for (int j = 0; j < nb; ++j) {
+    tmp[j] = sc[pg][i * kv.scale_stride];
+    if (++i == kv.page_tokens) i = 0, ++pg;
+  }
+  return _mm256_load_ps(tmp);
+}
+
+// The reduction tree: inputs are per-token 8-lane partial sums. Each level
+// adds lane l to lane l + w of the same token (w = 4, 2, 1: hsum's tree).
+// [a0 (4 partials) | a1 (4)]
+inline __m256 tree1(__m256 a0, __m256 a1) {
+  return _mm256_add_ps(_mm256_blend_ps(a0, a1, 0xf0), _mm256_permute2f128_ps(a0, a1, 0x21));
+}
+// [b0 = T0 | T1] [b1 = T2 | T3] -> half k: [T_k x2 | T_{k+2} x2].
+inline __m256 tree2(__m256 b0, __m256 b1) {
+  return _mm256_add_ps(_mm256_blend_ps(b0, b1, 0xcc),
+                       _mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// [c0 = T0..T3] [c1 = T4..T7] -> lane 4k + m holds token k + 2m.
+inline __m256 tree3(__m256 c0, __m256 c1) {
+  return _mm256_add_ps(_mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// s[h * n + t] for heads [0, H) of the block starting at q.
 template <KvElem E, int H>
 void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
-  const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
-  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
-  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
-    const uint8_t* row = kv.k_pages[pg] + i * kv.token_stride;
-    if (pg + 1 < pages) prefetch_row(kv.k_pages[pg + 1] + i * kv.token_stride, hd * eb);
-    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, pg, i, kv);
-    __m256 acc[H];
-#pragma GCC unroll 8
-    for (int h = 0; h < H; ++h) acc[h] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < hd; d += 8) {
-      const __m256 k8 = decode8<E>(row + d * eb, hd - d);
-#pragma GCC unroll 8
-      for (int h = 0; h < H; ++h)
-        acc[h] = _mm256_fmadd_ps(load_part(q + h * hd + d, hd - d), k8, acc[h]);
+  const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
+  const int64_t pages = (n + pt - 1) / pt;
+  const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const float static_c = E == KvElem::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
+  int64_t pg = 0, i = 0;  // where token t0 lives
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int nb = int(std::min<int64_t>(8, n - t0));
+    const uint8_t* rows[8];
+    bool nan = false;
+    int64_t p2 = pg, i2 = i;
+    for (int j = 0; j < nb; ++j) {
+      rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
+      if (p2 + 1 < pages) prefetch_row(kv.k_pages[p2 + 1] + i2 * kv.token_stride, hd * eb);
+      if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
+      if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
+      if (++i2 == pt) i2 = 0, ++p2;
     }
-    const float c = E == KvElem::kBf16 ? scale : scale * k_token_scale(kv, pg, i) * kFold<E>;
-#pragma GCC unroll 8
-    for (int h = 0; h < H; ++h) s[h * n + t] = hsum(acc[h]) * c;
-  });
+    for (int j = nb; j < 8; ++j) rows[j] = rows[0];  // lanes not stored
+    __m256 c = _mm256_set1_ps(static_c);
+    if (E != KvElem::kBf16 && kv.k_scales)
+      c = _mm256_mul_ps(
+          _mm256_mul_ps(_mm256_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb)),
+          _mm256_set1_ps(kFold<E>));
+    __m256 b_even[H], c_first[H], e[H];
+#pragma GCC unroll 4
+    for (int pr = 0; pr < 4; ++pr) {
+      __m256 acc0[H], acc1[H];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) acc0[h] = acc1[h] = _mm256_setzero_ps();
+      const uint8_t* r0 = rows[2 * pr];
+      const uint8_t* r1 = rows[2 * pr + 1];
+      for (int64_t d = 0; d < hd; d += 8) {
+        const __m256 k0 = decode8<E, false>(r0 + d * eb, hd - d);
+        const __m256 k1 = decode8<E, false>(r1 + d * eb, hd - d);
+#pragma GCC unroll 4
+        for (int h = 0; h < H; ++h) {
+          const __m256 qv = load_part(q + h * hd + d, hd - d);
+          acc0[h] = _mm256_fmadd_ps(qv, k0, acc0[h]);
+          acc1[h] = _mm256_fmadd_ps(qv, k1, acc1[h]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) {
+        const __m256 b = tree1(acc0[h], acc1[h]);
+        if (pr % 2 == 0) {
+          b_even[h] = b;
+          continue;
+        }
+        const __m256 cc = tree2(b_even[h], b);
+        if (pr == 1)
+          c_first[h] = cc;
+        else
+          e[h] = tree3(c_first[h], cc);
+      }
+    }
+    __m256 nm = _mm256_setzero_ps();  // rare: NaN scores for the rows holding a NaN code
+    if (nan) {
+      alignas(32) int32_t flags[8] = {};
+      for (int j = 0; j < nb; ++j) flags[j] = e4m3_has_nan(rows[j], hd) ? -1 : 0;
+      nm = _mm256_load_ps(reinterpret_cast<const float*>(flags));
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const __m256 v = _mm256_mul_ps(_mm256_permutevar8x32_ps(e[h], unshuffle), c);
+      store_part(s + h * n + t0, _mm256_blendv_ps(v, _mm256_set1_ps(kNan), nm), nb);
+    }
+    pg = p2, i = i2;
+  }
+}
+
+// p[h, t] *= vs_t * kFold for every head (FP8 only), 8 tokens at a time.
+template <KvElem E>
+void scale_probs8(const PagedKv& kv, int64_t group, float* p) {
+  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
+  const __m256 fold = _mm256_set1_ps(kFold<E>);
+  int64_t pg = 0, i = 0;
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int nb = int(std::min<int64_t>(8, n - t0));
+    const __m256 vs =
+        kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
+    for (int64_t h = 0; h < group; ++h) {
+      float* ph = p + h * n + t0;
+      store_part(ph, _mm256_mul_ps(_mm256_mul_ps(load_part(ph, nb), vs), fold), nb);
+    }
+    i += nb;
+    pg += i / pt, i %= pt;
+  }
 }
 
 template <KvElem E, int H, int C>
@@ -94,9 +226,17 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
     if (pg + 1 < pages)
       prefetch_row(kv.v_pages[pg + 1] + i * kv.token_stride + d0 * eb, width * eb);
     __m256 v[C];
+    if (E == KvElem::kFp8E4m3 && e4m3_has_nan(row, width)) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      v[c] = 8 * c < width ? decode8<E>(row + 8 * c * eb, width - 8 * c) : _mm256_setzero_ps();
+      for (int c = 0; c < C; ++c)
+        v[c] = 8 * c < width ? decode8<E, true>(row + 8 * c * eb, width - 8 * c)
+                             : _mm256_setzero_ps();
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        v[c] = 8 * c < width ? decode8<E, false>(row + 8 * c * eb, width - 8 * c)
+                             : _mm256_setzero_ps();
+    }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
       const __m256 w = _mm256_broadcast_ss(p + h * n + t);
@@ -112,11 +252,6 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
 }
 
 template <KvElem E, int H>
-void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
-  scores_block<E, H>(q, hd, scale, kv, s);
-}
-
-template <KvElem E, int H>
 void wsum_heads(const float* p, int64_t hd, const PagedKv& kv, float* out) {
   // H * C accumulators + C decoded chunks + 1 broadcast within 16 registers.
   constexpr int C = H <= 2 ? 4 : (H == 3 ? 3 : 2);
@@ -128,38 +263,26 @@ template <KvElem E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
   const int64_t n = kv.n_tokens;
-  for (int64_t h0 = 0; h0 < group; h0 += 8) {
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
     const float* qb = q + h0 * hd;
     float* sb = scratch + h0 * n;
-    switch (std::min<int64_t>(8, group - h0)) {
+    switch (std::min<int64_t>(4, group - h0)) {
       case 1:
-        scores_heads<E, 1>(qb, hd, scale, kv, sb);
+        scores_block<E, 1>(qb, hd, scale, kv, sb);
         break;
       case 2:
-        scores_heads<E, 2>(qb, hd, scale, kv, sb);
+        scores_block<E, 2>(qb, hd, scale, kv, sb);
         break;
       case 3:
-        scores_heads<E, 3>(qb, hd, scale, kv, sb);
-        break;
-      case 4:
-        scores_heads<E, 4>(qb, hd, scale, kv, sb);
-        break;
-      case 5:
-        scores_heads<E, 5>(qb, hd, scale, kv, sb);
-        break;
-      case 6:
-        scores_heads<E, 6>(qb, hd, scale, kv, sb);
-        break;
-      case 7:
-        scores_heads<E, 7>(qb, hd, scale, kv, sb);
+        scores_block<E, 3>(qb, hd, scale, kv, sb);
         break;
       default:
-        scores_heads<E, 8>(qb, hd, scale, kv, sb);
+        scores_block<E, 4>(qb, hd, scale, kv, sb);
         break;
     }
   }
   for (int64_t h = 0; h < group; ++h) softmax(scratch + h * n, n);
-  if constexpr (E != KvElem::kBf16) scale_probs(kv, group, kFold<E>, scratch);
+  if constexpr (E != KvElem::kBf16) scale_probs8<E>(kv, group, scratch);
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
     const float* pb = scratch + h0 * n;
     float* ob = out + h0 * hd;
