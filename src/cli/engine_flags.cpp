@@ -1,0 +1,75 @@
+#include "cli/engine_flags.h"
+
+#include "engine/kv_plan.h"
+
+namespace kvant::cli {
+
+void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
+  if (with_model)
+    cmd->add_option("-m,--model", f.model, "GGUF file or Hugging Face directory")->required();
+  cmd->add_option("-t,--threads", f.threads, "worker threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--kv-dtype", f.kv_dtype, "KV cache dtype: bf16, fp8_e4m3, fp8_e5m2");
+  cmd->add_option("--kv-scale", f.kv_scale,
+                  "FP8 KV scales: dynamic (per token and head, in the page) or static "
+                  "(per layer and head, from kvant calibrate-kv)");
+  cmd->add_option("--kv-scales", f.kv_scales_path,
+                  "static KV scales file (default: <model>.kv_scales.json)");
+  cmd->add_option("--kv-memory", f.kv_memory,
+                  "KV cache budget, e.g. 2GiB (default: 25% of available memory)");
+  cmd->add_option("--page-tokens", f.page_tokens, "tokens per KV page")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-step-tokens", f.max_step_tokens,
+                  "tokens per forward step (prefill chunk budget)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-running", f.max_running, "requests running at once")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("-c,--ctx", f.ctx, "context limit (default: the model's)")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_flag("--no-prefix-cache", f.no_prefix_cache,
+                "do not share prompt prefixes between requests");
+  cmd->add_flag("--no-integrity", f.no_integrity,
+                "skip the per-step KV integrity pass (to measure its cost)");
+  cmd->add_flag("--prefix-checksums", f.prefix_checksums,
+                "XXH3 checksums of shared pages, checked on reuse");
+}
+
+Result<KvDType> parse_kv_dtype(const std::string& s) {
+  if (s == "bf16") return KvDType::kBf16;
+  if (s == "fp8_e4m3" || s == "fp8" || s == "e4m3") return KvDType::kFp8E4m3;
+  if (s == "fp8_e5m2" || s == "e5m2") return KvDType::kFp8E5m2;
+  return make_error("--kv-dtype must be bf16, fp8_e4m3 or fp8_e5m2, got '" + s + "'");
+}
+
+Result<KvScaleMode> parse_kv_scale(const std::string& s) {
+  if (s == "dynamic") return KvScaleMode::kDynamic;
+  if (s == "static") return KvScaleMode::kStatic;
+  return make_error("--kv-scale must be static or dynamic, got '" + s + "'");
+}
+
+Result<EngineOptions> engine_options(const EngineFlags& f) {
+  EngineOptions o;
+  o.model_path = f.model;
+  o.threads = f.threads;
+  auto d = parse_kv_dtype(f.kv_dtype);
+  if (!d) return d.error();
+  o.kv_dtype = *d;
+  auto sm = parse_kv_scale(f.kv_scale);
+  if (!sm) return sm.error();
+  o.kv_scale_mode = *sm;
+  o.kv_scales_path = f.kv_scales_path;
+  if (!f.kv_memory.empty()) {
+    auto b = parse_byte_size(f.kv_memory);
+    if (!b) return make_error("--kv-memory: " + b.error().message);
+    o.kv_memory_bytes = *b;
+  }
+  o.page_tokens = f.page_tokens;
+  o.max_step_tokens = f.max_step_tokens;
+  o.max_running = f.max_running;
+  o.max_context = f.ctx;
+  o.prefix_caching = !f.no_prefix_cache;
+  o.integrity_checks = !f.no_integrity;
+  o.prefix_checksums = f.prefix_checksums;
+  return o;
+}
+
+}  // namespace kvant::cli

@@ -1,0 +1,36 @@
+// The engine flags several sub-commands share (generate, bench, eval-kv,
+// serve): model, threads, KV dtype and scales, KV memory, page size,
+// scheduling limits. Parsed once into EngineOptions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "core/result.h"
+#include "engine/engine.h"
+
+namespace kvant::cli {
+
+struct EngineFlags {
+  std::string model;
+  int threads = 0;
+  std::string kv_dtype = "bf16";
+  std::string kv_scale = "dynamic";
+  std::string kv_scales_path;
+  std::string kv_memory;  // e.g. 2GiB; empty = a quarter of available memory
+  int page_tokens = 16;
+  int max_step_tokens = 512;
+  int max_running = 64;
+  int ctx = 0;
+  bool no_prefix_cache = false;
+  bool no_integrity = false;
+  bool prefix_checksums = false;
+};
+
+// `with_model` false when the command registers -m itself.
+void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model = true);
+Result<KvDType> parse_kv_dtype(const std::string& s);
+Result<KvScaleMode> parse_kv_scale(const std::string& s);
+Result<EngineOptions> engine_options(const EngineFlags& f);
+
+}  // namespace kvant::cli
