@@ -12,5 +12,6 @@ void register_all(CLI::App& app) {
   register_bench(app);
   register_generate(app);
   register_plan(app);
+  register_eval_kv(app);
 }
 }  // namespace kvant::cli

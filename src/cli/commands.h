@@ -11,4 +11,5 @@ void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_eval_kv(CLI::App& app);
 }  // namespace kvant::cli

@@ -13,15 +13,27 @@ namespace {
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
-SeqKv::SeqKv(const ModelConfig& c, int64_t capacity) {
-  fmt_.elem = kernels::KvElem::kBf16;
+SeqKv::SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o) {
+  fmt_.elem = o.elem;
   fmt_.kv_heads = c.kv_heads;
   fmt_.head_dim = c.head_dim;
-  fmt_.page_tokens = 16;
+  fmt_.page_tokens = o.page_tokens;
   const int64_t block = round_up(fmt_.page_tokens * fmt_.row_bytes(), 64);
   fmt_.k_offset = 0;
   fmt_.v_offset = block;
   fmt_.layer_bytes = 2 * block;
+  if (o.elem != kernels::KvElem::kBf16) {
+    fmt_.dynamic_scales = o.dynamic_scales;
+    if (o.dynamic_scales) {
+      const int64_t sblock = round_up(fmt_.page_tokens * c.kv_heads * 4, 64);
+      fmt_.k_scale_offset = 2 * block;
+      fmt_.v_scale_offset = 2 * block + sblock;
+      fmt_.layer_bytes += 2 * sblock;
+    } else {
+      fmt_.static_k = o.static_k;
+      fmt_.static_v = o.static_v;
+    }
+  }
   const int64_t n_pages = (capacity + fmt_.page_tokens - 1) / fmt_.page_tokens;
   const int64_t page_bytes = c.layers * fmt_.layer_bytes;
   arena_ = AlignedBuffer<uint8_t>(size_t(n_pages * page_bytes));

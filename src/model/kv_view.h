@@ -50,10 +50,19 @@ struct KvSpan {
   int64_t capacity() const { return format ? n_pages * format->page_tokens : 0; }
 };
 
-// A single sequence's BF16 cache with its own arena (tools, tests).
+struct SeqKvOptions {
+  kernels::KvElem elem = kernels::KvElem::kBf16;
+  bool dynamic_scales = false;            // FP8: per-(token, head) scales in the page
+  std::vector<float> static_k, static_v;  // FP8 static: [layers * kv_heads]
+  int64_t page_tokens = 16;
+};
+
+// A single sequence's cache with its own arena (tools, tests, evaluation):
+// BF16 by default, or FP8 with static or dynamic scales, in the same page
+// layout the engine's pool uses.
 class SeqKv : public KvSpan {
  public:
-  SeqKv(const ModelConfig& c, int64_t capacity);
+  SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o = {});
   SeqKv(const SeqKv&) = delete;
   SeqKv& operator=(const SeqKv&) = delete;
 
