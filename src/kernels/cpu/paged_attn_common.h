@@ -23,13 +23,17 @@ inline void for_each_token(const PagedKv& kv, Fn&& fn) {
   }
 }
 
+// Pages are scattered, so hardware prefetchers stop at each page's end: SIMD
+// kernels request rows (and dynamic scales) this many pages ahead.
+inline constexpr int64_t kPrefetchPages = 2;
+
 // Dynamic scales sit in a separate block of each page: at a page's first slot,
-// ask for the next page's scales (a few lines) so the per-token reads hit.
+// ask for the scales kPrefetchPages pages on (a few lines) so later reads hit.
 inline void prefetch_next_scales(const float* const* scales, int64_t pg, int64_t i,
                                  const PagedKv& kv) {
-  if (!scales || i != 0 || (pg + 1) * kv.page_tokens >= kv.n_tokens) return;
+  if (!scales || i != 0 || (pg + kPrefetchPages) * kv.page_tokens >= kv.n_tokens) return;
   for (int64_t b = 0; b < kv.page_tokens * kv.scale_stride; b += 16)
-    __builtin_prefetch(scales[pg + 1] + b);
+    __builtin_prefetch(scales[pg + kPrefetchPages] + b);
 }
 
 inline float k_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {

@@ -71,8 +71,7 @@ inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
   return (_mm256_movemask_epi8(any) | _mm_movemask_epi8(tail)) != 0;
 }
 
-// Pages are scattered, so hardware prefetchers stop at each page's end; the
-// same slot of the next page is requested one page ahead.
+// The same slot kPrefetchPages pages on (see paged_attn_common.h).
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64)
     _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
@@ -134,7 +133,8 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
     int64_t p2 = pg, i2 = i;
     for (int j = 0; j < nb; ++j) {
       rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
-      if (p2 + 1 < pages) prefetch_row(kv.k_pages[p2 + 1] + i2 * kv.token_stride, hd * eb);
+      if (p2 + kPrefetchPages < pages)
+        prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
       if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
       if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
       if (++i2 == pt) i2 = 0, ++p2;
@@ -200,6 +200,7 @@ void scale_probs8(const PagedKv& kv, int64_t group, float* p) {
   int64_t pg = 0, i = 0;
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
     const int nb = int(std::min<int64_t>(8, n - t0));
+    prefetch_next_scales(kv.v_scales, pg, i, kv);
     const __m256 vs =
         kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
     for (int64_t h = 0; h < group; ++h) {
@@ -223,8 +224,8 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
   const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
-    if (pg + 1 < pages)
-      prefetch_row(kv.v_pages[pg + 1] + i * kv.token_stride + d0 * eb, width * eb);
+    if (pg + kPrefetchPages < pages)
+      prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
     __m256 v[C];
     if (E == KvElem::kFp8E4m3 && e4m3_has_nan(row, width)) {
 #pragma GCC unroll 8

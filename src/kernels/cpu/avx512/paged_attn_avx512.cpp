@@ -17,6 +17,7 @@
 // The V sum is attn_weighted_sum's sequential FMA over t.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/avx512/avx512.h"
 #include "kernels/cpu/avx512/avx512_common.h"
@@ -63,8 +64,102 @@ inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
   return any != 0;
 }
 
-// Pages are scattered, so hardware prefetchers stop at each page's end; the
-// same slot of the next page is requested one page ahead.
+// FP8 rows in blocks of 64 codes (one load): VPUNPCK{L,H}BW against zero
+// makes each code the high byte of a word, which is the FP16 of an e5m2 code;
+// e4m3 then takes the shift above. Per 128-bit lane the unpacks take codes
+// 0-7 and 8-15, so a block's four 16-lane chunks hold codes
+//   A = [0-7, 16-23], B = [8-15, 24-31], C = [32-39, 48-55], D = [40-47, 56-63]
+// (a 32-code block: A and B). Scores meet them with q permuted alike
+// (permute_q); weighted sums un-permute their accumulators once (store_perm).
+template <KvElem E>
+inline __m512i fp16_bits(__m512i w) {
+  if constexpr (E == KvElem::kFp8E4m3)
+    return _mm512_and_si512(_mm512_srai_epi16(w, 1), _mm512_set1_epi16(short(0xbfff)));
+  else
+    return w;
+}
+template <KvElem E>
+inline __m256i fp16_bits(__m256i w) {
+  if constexpr (E == KvElem::kFp8E4m3)
+    return _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(short(0xbfff)));
+  else
+    return w;
+}
+// FP16 bits -> FP32; Exact: e4m3 NaN codes (FP16 bits x.01111.111.0000000) become NaN.
+template <KvElem E, bool Exact>
+inline __m512 widen(__m256i h) {
+  const __m512 f = _mm512_cvtph_ps(h);
+  if constexpr (!Exact || E != KvElem::kFp8E4m3) return f;
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
+                                                _mm256_set1_epi16(0x3f80));
+  return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+}
+
+// The FP16 bits of codes [0, min(n, 64)) of p (the rest 0) as two words
+// vectors: lo holds chunks A | C, hi B | D. For e4m3, nan_any gains the codes
+// that are NaN.
+template <KvElem E>
+struct Block64 {
+  __m512i lo, hi;
+  Block64(const uint8_t* p, int64_t n, __mmask64* nan_any = nullptr) {
+    const __m512i c = n >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask64(n), p);
+    if constexpr (E == KvElem::kFp8E4m3)
+      if (nan_any)
+        *nan_any |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, _mm512_set1_epi8(-128)),
+                                           _mm512_set1_epi8(-1));
+    lo = fp16_bits<E>(_mm512_unpacklo_epi8(_mm512_setzero_si512(), c));
+    hi = fp16_bits<E>(_mm512_unpackhi_epi8(_mm512_setzero_si512(), c));
+  }
+  // Chunk k = 0 .. 3 (A, B, C, D) as FP32.
+  template <bool Exact = false>
+  __m512 chunk(int k) const {
+    const __m512i w = k % 2 == 0 ? lo : hi;
+    return widen<E, Exact>(k < 2 ? _mm512_castsi512_si256(w) : _mm512_extracti64x4_epi64(w, 1));
+  }
+};
+// The same for 32 codes (chunks A, B).
+template <KvElem E>
+struct Block32 {
+  __m256i lo, hi;
+  Block32(const uint8_t* p, int64_t n, __mmask32* nan_any = nullptr) {
+    const __m256i c = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                              : _mm256_maskz_loadu_epi8(mask32(n), p);
+    if constexpr (E == KvElem::kFp8E4m3)
+      if (nan_any)
+        *nan_any |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(c, _mm256_set1_epi8(-128)),
+                                           _mm256_set1_epi8(-1));
+    lo = fp16_bits<E>(_mm256_unpacklo_epi8(_mm256_setzero_si256(), c));
+    hi = fp16_bits<E>(_mm256_unpackhi_epi8(_mm256_setzero_si256(), c));
+  }
+  template <bool Exact = false>
+  __m512 chunk(int k) const {
+    return widen<E, Exact>(k == 0 ? lo : hi);
+  }
+};
+
+// qp[h * ldp + 0 .. ldp) = q[h * hd + 0 .. hd) in the chunk order above, zero
+// past hd; ldp = hd rounded up to 64.
+inline void permute_q(const float* q, int64_t heads, int64_t hd, float* qp, int64_t ldp) {
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t d = 0; d < ldp; d += 32) {
+      const __m512 q0 = _mm512_maskz_loadu_ps(mask16(hd - d), q + h * hd + d);
+      const __m512 q1 = _mm512_maskz_loadu_ps(mask16(hd - d - 16), q + h * hd + d + 16);
+      _mm512_storeu_ps(qp + h * ldp + d, _mm512_shuffle_f32x4(q0, q1, _MM_SHUFFLE(1, 0, 1, 0)));
+      _mm512_storeu_ps(qp + h * ldp + d + 16,
+                       _mm512_shuffle_f32x4(q0, q1, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+}
+// out[0 .. n) (n <= 32) from chunks A and B of a 32-code block.
+inline void store_perm(float* out, __m512 a, __m512 b, int64_t n) {
+  _mm512_mask_storeu_ps(out, mask16(n), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+  _mm512_mask_storeu_ps(out + 16, mask16(n - 16),
+                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// Permuted q of a head block lives on the stack: up to this many floats.
+constexpr int64_t kQpFloats = 8 * 1024;
+
+// The same slot kPrefetchPages pages on (see paged_attn_common.h).
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64)
     _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
@@ -120,9 +215,11 @@ inline __m512 tree4(__m512 d0, __m512 d1) {
                        _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// s[h * n + t] for heads [0, H) of the block starting at q.
-template <KvElem E, int H>
-void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
+// s[h * n + t] for heads [0, H) of the block starting at q (row stride ldq).
+// Perm (FP8 only): q is permute_q's layout and rows are read as Block64s.
+template <KvElem E, int H, bool Perm>
+void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
+                  float* s) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m512i unshuffle =
@@ -133,13 +230,15 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
     const int nb = int(std::min<int64_t>(16, n - t0));
     const uint8_t* rows[16];
     bool nan = false;
+    __mmask64 nan_any = 0;
     {
       int64_t p2 = pg, i2 = i;
       for (int j = 0; j < nb; ++j) {
         rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
-        if (p2 + 1 < pages) prefetch_row(kv.k_pages[p2 + 1] + i2 * kv.token_stride, hd * eb);
+        if (p2 + kPrefetchPages < pages)
+        prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
         if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
-        if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
+        if constexpr (E == KvElem::kFp8E4m3 && !Perm) nan |= e4m3_has_nan(rows[j], hd);
         if (++i2 == pt) i2 = 0, ++p2;
       }
       for (int j = nb; j < 16; ++j) rows[j] = rows[0];  // lanes not stored
@@ -156,15 +255,33 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
         for (int h = 0; h < H; ++h) acc0[h] = acc1[h] = _mm512_setzero_ps();
         const uint8_t* r0 = rows[2 * pr];
         const uint8_t* r1 = rows[2 * pr + 1];
-        for (int64_t d = 0; d < hd; d += 16) {
-          const __mmask16 m = mask16(hd - d);
-          const __m512 k0 = decode16<E, false>(r0 + d * eb, m);
-          const __m512 k1 = decode16<E, false>(r1 + d * eb, m);
+        if constexpr (Perm) {
+          for (int64_t d = 0; d < hd; d += 64) {
+            const Block64<E> k0(r0 + d, hd - d, &nan_any), k1(r1 + d, hd - d, &nan_any);
+            const int chunks = hd - d > 32 ? 4 : 2;
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {
+              if (c >= chunks) break;
+              const __m512 kc0 = k0.chunk(c), kc1 = k1.chunk(c);
 #pragma GCC unroll 8
-          for (int h = 0; h < H; ++h) {
-            const __m512 qv = _mm512_maskz_loadu_ps(m, q + h * hd + d);
-            acc0[h] = _mm512_fmadd_ps(qv, k0, acc0[h]);
-            acc1[h] = _mm512_fmadd_ps(qv, k1, acc1[h]);
+              for (int h = 0; h < H; ++h) {
+                const __m512 qv = _mm512_loadu_ps(q + h * ldq + d + 16 * c);
+                acc0[h] = _mm512_fmadd_ps(qv, kc0, acc0[h]);
+                acc1[h] = _mm512_fmadd_ps(qv, kc1, acc1[h]);
+              }
+            }
+          }
+        } else {
+          for (int64_t d = 0; d < hd; d += 16) {
+            const __mmask16 m = mask16(hd - d);
+            const __m512 k0 = decode16<E, false>(r0 + d * eb, m);
+            const __m512 k1 = decode16<E, false>(r1 + d * eb, m);
+#pragma GCC unroll 8
+            for (int h = 0; h < H; ++h) {
+              const __m512 qv = _mm512_maskz_loadu_ps(m, q + h * ldq + d);
+              acc0[h] = _mm512_fmadd_ps(qv, k0, acc0[h]);
+              acc1[h] = _mm512_fmadd_ps(qv, k1, acc1[h]);
+            }
           }
         }
 #pragma GCC unroll 8
@@ -188,7 +305,7 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
       }
       const __mmask16 sm = mask16(nb);
       __mmask16 nm = 0;  // rare: NaN scores for the rows holding a NaN code
-      if (nan)
+      if (nan || nan_any != 0)
         for (int j = 0; j < nb; ++j) nm |= __mmask16(int(e4m3_has_nan(rows[j], hd)) << j);
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
@@ -209,6 +326,7 @@ void scale_probs16(const PagedKv& kv, int64_t group, float* p) {
   int64_t pg = 0, i = 0;
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int nb = int(std::min<int64_t>(16, n - t0));
+    prefetch_next_scales(kv.v_scales, pg, i, kv);
     const __mmask16 m = mask16(nb);
     const __m512 vs = kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb)
                                   : _mm512_set1_ps(kv.v_scale);
@@ -223,6 +341,7 @@ void scale_probs16(const PagedKv& kv, int64_t group, float* p) {
 }
 
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 16 at a time.
+// FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order.
 template <KvElem E, int H, int C>
 void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
                 float* out) {
@@ -238,15 +357,24 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
   const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
-    if (pg + 1 < pages)
-      prefetch_row(kv.v_pages[pg + 1] + i * kv.token_stride + d0 * eb, width * eb);
+    if (pg + kPrefetchPages < pages)
+      prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
     __m512 v[C];
-    if (E == KvElem::kFp8E4m3 && e4m3_has_nan(row, width)) {
+    if constexpr (E == KvElem::kBf16) {
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) v[c] = decode16<E, true>(row + 16 * c * eb, mc[c]);
+      for (int c = 0; c < C; ++c) v[c] = decode16<E>(row + 16 * c * eb, mc[c]);
     } else {
+      using Blk = std::conditional_t<C == 4, Block64<E>, Block32<E>>;
+      using Mask = std::conditional_t<C == 4, __mmask64, __mmask32>;
+      Mask nan = 0;
+      const Blk b(row, width, &nan);
+      if (nan) {  // rare: decode NaN codes per element
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) v[c] = decode16<E, false>(row + 16 * c * eb, mc[c]);
+        for (int c = 0; c < C; ++c) v[c] = b.template chunk<true>(c);
+      } else {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) v[c] = b.chunk(c);
+      }
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
@@ -256,18 +384,38 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
     }
   });
 #pragma GCC unroll 8
-  for (int h = 0; h < H; ++h)
+  for (int h = 0; h < H; ++h) {
+    if constexpr (E == KvElem::kBf16) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(out + h * hd + d0 + 16 * c, mc[c], acc[h][c]);
+      for (int c = 0; c < C; ++c)
+        _mm512_mask_storeu_ps(out + h * hd + d0 + 16 * c, mc[c], acc[h][c]);
+    } else {
+#pragma GCC unroll 2
+      for (int c = 0; c < C; c += 2)
+        store_perm(out + h * hd + d0 + 16 * c, acc[h][c], acc[h][c + 1], width - 16 * c);
+    }
+  }
 }
 
 template <KvElem E, int H>
 void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s, float* out) {
-  scores_block<E, H>(q, hd, scale, kv, s);
+  const int64_t ldp = (hd + 63) / 64 * 64;
+  if constexpr (E != KvElem::kBf16) {
+    if (H * ldp <= kQpFloats) {
+      alignas(64) float qp[kQpFloats];
+      permute_q(q, H, hd, qp, ldp);
+      scores_block<E, H, true>(qp, ldp, hd, scale, kv, s);
+    } else {
+      scores_block<E, H, false>(q, hd, hd, scale, kv, s);
+    }
+  } else {
+    scores_block<E, H, false>(q, hd, hd, scale, kv, s);
+  }
   for (int h = 0; h < H; ++h) softmax(s + h * kv.n_tokens, kv.n_tokens);
   if constexpr (E != KvElem::kBf16) scale_probs16<E>(kv, H, s);
-  // H * C accumulators + C decoded chunks + 1 broadcast stay within 32 registers.
-  constexpr int C = H <= 6 ? 4 : 3;
+  // H * C accumulators + C decoded chunks + 1 broadcast stay within 32
+  // registers; FP8 takes whole 32- or 64-code blocks.
+  constexpr int C = E == KvElem::kBf16 ? (H <= 6 ? 4 : 3) : (H <= 6 ? 4 : 2);
   for (int64_t d0 = 0; d0 < hd; d0 += 16 * C)
     wsum_block<E, H, C>(s, hd, kv, d0, std::min<int64_t>(16 * C, hd - d0), out);
 }
@@ -275,12 +423,15 @@ void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, floa
 template <KvElem E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
-  // Heads go 8 at a time; a group wider than 8 re-reads its rows per block.
-  for (int64_t h0 = 0; h0 < group; h0 += 8) {
+  // Heads go 8 at a time (FP8: fewer where their permuted q would not fit
+  // kQpFloats); a group wider than that re-reads its rows per block.
+  const int64_t ldp = (hd + 63) / 64 * 64;
+  const int64_t per = E == KvElem::kBf16 ? 8 : std::clamp<int64_t>(kQpFloats / ldp, 1, 8);
+  for (int64_t h0 = 0; h0 < group; h0 += per) {
     const float* qb = q + h0 * hd;
     float* sb = scratch + h0 * kv.n_tokens;
     float* ob = out + h0 * hd;
-    switch (std::min<int64_t>(8, group - h0)) {
+    switch (std::min<int64_t>(per, group - h0)) {
       case 1:
         head_block<E, 1>(qb, hd, scale, kv, sb, ob);
         break;
