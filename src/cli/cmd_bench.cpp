@@ -11,12 +11,25 @@
 #include "core/threads.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
+#include "cli/engine_flags.h"
+#include "engine/engine.h"
+#include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace kvant::cli {
 namespace {
 
 struct BenchOpts {
   std::string model;
+  // Batch mode (through the engine) when concurrency is given.
+  std::string concurrency;          // e.g. 1,8,32,64
+  std::string kv_dtypes = "bf16";   // e.g. bf16,fp8_e4m3
+  std::string integrity = "on";     // on, off or on,off
+  std::string kv_memory;
+  std::string kv_scale = "dynamic";
+  int requests_per_client = 2;
+  int max_step_tokens = 512;
+  int page_tokens = 16;
   int prompt_tokens = 512;
   int gen_tokens = 128;
   int threads = 0;
@@ -28,8 +41,16 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "kvant: %s\n", msg.c_str());
+  return 1;
+}
+
+int run_batch_bench(const BenchOpts& o);
+
 int run_bench(const BenchOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  if (!o.concurrency.empty()) return run_batch_bench(o);
   const double t_load = now_s();
   auto m = Model::load(o.model);
   if (!m) {
@@ -90,6 +111,195 @@ int run_bench(const BenchOpts& o) {
   return 0;
 }
 
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    if (j > i) out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const size_t lo = size_t(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+struct ReqTiming {
+  double submit = 0, first = 0, last = 0;
+  int64_t tokens = 0;
+  bool done = false;
+  bool failed = false;
+};
+
+// One configuration: `conc` clients in a closed loop (a client submits its
+// next request when the previous one finishes), each request a random
+// prompt of P tokens generating exactly G tokens.
+int run_batch_config(const BenchOpts& o, const std::string& dtype, int conc, bool integrity,
+                     nlohmann::json& out) {
+  EngineFlags f;
+  f.model = o.model;
+  f.threads = o.threads;
+  f.kv_dtype = dtype;
+  f.kv_scale = o.kv_scale;
+  f.kv_memory = o.kv_memory;
+  f.page_tokens = o.page_tokens;
+  f.max_step_tokens = o.max_step_tokens;
+  f.max_running = conc;
+  f.no_prefix_cache = true;
+  f.no_integrity = !integrity;
+  auto eo = engine_options(f);
+  if (!eo) return fail(eo.error().message);
+  eo->log_capacity = false;
+  auto created = Engine::create(*eo);
+  if (!created) return fail(created.error().message);
+  Engine& eng = **created;
+  const int64_t vocab = eng.model_config().vocab;
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab - 1));
+  auto make = [&](ReqTiming* t) {
+    Request r;
+    for (int i = 0; i < o.prompt_tokens; ++i) r.prompt.push_back(tok(rng));
+    r.stop.max_tokens = o.gen_tokens;
+    r.stop.ignore_eos = true;
+    r.on_event = [t](const RequestEvent& e) {
+      const double now = now_s();
+      if (e.token >= 0) {
+        if (t->tokens == 0) t->first = now;
+        t->last = now;
+        ++t->tokens;
+      }
+      if (e.finish != FinishReason::None) {
+        t->done = true;
+        t->failed = e.finish == FinishReason::Error;
+      }
+    };
+    return r;
+  };
+  {  // warm-up: one short request
+    ReqTiming w;
+    Request r = make(&w);
+    r.prompt.resize(std::min<size_t>(r.prompt.size(), 32));
+    r.stop.max_tokens = 4;
+    if (auto id = eng.submit(std::move(r)); !id) return fail(id.error().message);
+    if (auto d = eng.run_until_idle(); !d) return fail(d.error().message);
+  }
+  const EngineStats s0 = eng.stats();
+  const int total = conc * o.requests_per_client;
+  std::vector<ReqTiming> tim(static_cast<size_t>(total));
+
+  int submitted = 0, finished = 0;
+  std::vector<int> active(size_t(conc), -1);
+  const double t0 = now_s();
+  auto submit_next = [&](int client) -> bool {
+    if (submitted >= total) return true;
+    ReqTiming* t = &tim[size_t(submitted)];
+    t->submit = now_s();
+    auto id = eng.submit(make(t));
+    if (!id) {
+      fail(id.error().message);
+      return false;
+    }
+    active[size_t(client)] = submitted++;
+    return true;
+  };
+  for (int c = 0; c < conc; ++c)
+    if (!submit_next(c)) return 1;
+  while (finished < total) {
+    auto st = eng.step();
+    if (!st) return fail(st.error().message);
+    for (int c = 0; c < conc; ++c) {
+      const int a = active[size_t(c)];
+      if (a >= 0 && tim[size_t(a)].done) {
+        ++finished;
+        active[size_t(c)] = -1;
+        if (!submit_next(c)) return 1;
+      }
+    }
+  }
+  const double wall = now_s() - t0;
+  const EngineStats s1 = eng.stats();
+  std::vector<double> ttft, tpot;
+  int64_t gen = 0, failed = 0;
+  for (auto& t : tim) {
+    gen += t.tokens;
+    failed += t.failed;
+    ttft.push_back((t.first - t.submit) * 1e3);
+    if (t.tokens > 1) tpot.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
+  }
+  nlohmann::json j;
+  j["kv_dtype"] = dtype;
+  j["kv_scale"] = dtype == "bf16" ? "none" : o.kv_scale;
+  j["concurrency"] = conc;
+  j["integrity"] = integrity;
+  j["requests"] = total;
+  j["failed"] = failed;
+  j["prompt_tokens"] = o.prompt_tokens;
+  j["gen_tokens"] = o.gen_tokens;
+  j["wall_s"] = wall;
+  j["output_tok_s"] = double(gen) / wall;
+  j["total_tok_s"] = double(gen + int64_t(total) * o.prompt_tokens) / wall;
+  j["ttft_ms_p50"] = percentile(ttft, 0.5);
+  j["ttft_ms_p95"] = percentile(ttft, 0.95);
+  j["tpot_ms_p50"] = percentile(tpot, 0.5);
+  j["tpot_ms_p95"] = percentile(tpot, 0.95);
+  j["preemptions"] = s1.preemptions - s0.preemptions;
+  j["peak_pages"] = s1.kv_pages_peak;
+  j["kv_pages"] = s1.kv_pages_total;
+  j["kv_capacity_tokens"] = eng.capacity().tokens;
+  j["kv_bytes_per_token"] = eng.capacity().bytes_per_token;
+  j["integrity_checks"] = s1.integrity_checks - s0.integrity_checks;
+  j["verify_s"] = s1.verify_seconds - s0.verify_seconds;
+  std::fprintf(stderr,
+               "%-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT p50 %7.2f p95 "
+               "%7.2f ms | preempt %lld | peak pages %lld/%lld\n",
+               dtype.c_str(), conc, integrity ? "on" : "off", double(gen) / wall, percentile(ttft, 0.5),
+               percentile(ttft, 0.95), percentile(tpot, 0.5), percentile(tpot, 0.95),
+               (long long)(s1.preemptions - s0.preemptions), (long long)s1.kv_pages_peak,
+               (long long)s1.kv_pages_total);
+  out.push_back(j);
+  return 0;
+}
+
+int run_batch_bench(const BenchOpts& o) {
+  nlohmann::json configs = nlohmann::json::array();
+  std::vector<int> concs;
+  for (auto& c : split_list(o.concurrency)) {
+    try {
+      concs.push_back(std::stoi(c));
+    } catch (...) {
+      return fail("--concurrency: not a number: '" + c + "'");
+    }
+    if (concs.back() < 1) return fail("--concurrency values must be >= 1");
+  }
+  std::vector<bool> integ;
+  for (auto& s : split_list(o.integrity)) {
+    if (s == "on") integ.push_back(true);
+    else if (s == "off") integ.push_back(false);
+    else return fail("--integrity takes on, off or on,off");
+  }
+  for (auto& d : split_list(o.kv_dtypes))
+    for (int c : concs)
+      for (bool in : integ)
+        if (int rc = run_batch_config(o, d, c, in, configs); rc != 0) return rc;
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["threads"] = num_threads();
+  j["isa"] = kernels::isa_name(kernels::active().isa);
+  j["kv_memory"] = o.kv_memory;
+  j["configs"] = configs;
+  if (o.json) std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -101,6 +311,16 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", o.threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--reps", o.reps, "repetitions after one warm-up")->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON object");
+  cmd->add_option("--concurrency", o.concurrency,
+                  "batch mode through the engine: clients in a closed loop, e.g. 1,8,32,64");
+  cmd->add_option("--kv-dtype", o.kv_dtypes, "batch mode: KV dtypes, e.g. bf16,fp8_e4m3");
+  cmd->add_option("--kv-scale", o.kv_scale, "batch mode: FP8 scales, dynamic or static");
+  cmd->add_option("--kv-memory", o.kv_memory, "batch mode: KV budget, e.g. 64MiB");
+  cmd->add_option("--integrity", o.integrity, "batch mode: on, off or on,off");
+  cmd->add_option("--requests-per-client", o.requests_per_client, "batch mode: requests each client sends")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch mode: tokens per step")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")->check(CLI::Range(1, 4096));
   cmd->callback([] { set_exit_code(run_bench(o)); });
 }
 
