@@ -2,19 +2,19 @@
 // way llama.cpp's llama-bench measures pp/tg: prefill is one forward over
 // `--prompt-tokens` tokens, decode is `--gen-tokens` single-token steps from
 // an empty context; each repeated `--reps` times, mean reported.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/cpu.h"
 #include "core/threads.h"
+#include "engine/engine.h"
 #include "kernels/cpu/kernels.h"
 #include "model/model.h"
-#include "cli/engine_flags.h"
-#include "engine/engine.h"
-#include <algorithm>
-#include <nlohmann/json.hpp>
 
 namespace kvant::cli {
 namespace {
@@ -22,9 +22,9 @@ namespace {
 struct BenchOpts {
   std::string model;
   // Batch mode (through the engine) when concurrency is given.
-  std::string concurrency;          // e.g. 1,8,32,64
-  std::string kv_dtypes = "bf16";   // e.g. bf16,fp8_e4m3
-  std::string integrity = "on";     // on, off or on,off
+  std::string concurrency;         // e.g. 1,8,32,64
+  std::string kv_dtypes = "bf16";  // e.g. bf16,fp8_e4m3
+  std::string integrity = "on";    // on, off or on,off
   std::string kv_memory;
   std::string kv_scale = "dynamic";
   int requests_per_client = 2;
@@ -75,7 +75,10 @@ int run_bench(const BenchOpts& o) {
       const double t0 = now_s();
       auto r = model.forward(b, logits);
       pp = now_s() - t0;
-      if (!r.ok()) { std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str()); return 1; }
+      if (!r.ok()) {
+        std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str());
+        return 1;
+      }
     }
     if (o.gen_tokens > 0) {
       SeqKv kv2(c, ctx);
@@ -86,22 +89,29 @@ int run_bench(const BenchOpts& o) {
       for (int i = 0; i < o.gen_tokens; ++i) {
         b.seqs[0].pos0 = i;
         auto r = model.forward(b, logits);
-        if (!r.ok()) { std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str()); return 1; }
+        if (!r.ok()) {
+          std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str());
+          return 1;
+        }
         b.tokens[0] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       tg = now_s() - t0;
     }
-    if (rep > 0) { pp_sum += pp; tg_sum += tg; }
+    if (rep > 0) {
+      pp_sum += pp;
+      tg_sum += tg;
+    }
   }
   const double pp_s = o.prompt_tokens > 0 ? o.prompt_tokens * o.reps / pp_sum : 0;
   const double tg_s = o.gen_tokens > 0 ? o.gen_tokens * o.reps / tg_sum : 0;
   const char* isa = kernels::isa_name(kernels::active().isa);
   if (o.json) {
-    std::printf("{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
-                "\"weights\": \"bf16\", \"prompt_tokens\": %d, \"gen_tokens\": %d, \"reps\": %d, "
-                "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
-                o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.prompt_tokens,
-                o.gen_tokens, o.reps, pp_s, tg_s, load_s);
+    std::printf(
+        "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
+        "\"weights\": \"bf16\", \"prompt_tokens\": %d, \"gen_tokens\": %d, \"reps\": %d, "
+        "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
+        o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.prompt_tokens, o.gen_tokens,
+        o.reps, pp_s, tg_s, load_s);
   } else {
     std::printf("model %s (%s), %d threads, %s kernels, load %.2f s\n", o.model.c_str(),
                 c.arch_name.c_str(), num_threads(), isa, load_s);
@@ -110,7 +120,6 @@ int run_bench(const BenchOpts& o) {
   }
   return 0;
 }
-
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -259,12 +268,13 @@ int run_batch_config(const BenchOpts& o, const std::string& dtype, int conc, boo
   j["integrity_checks"] = s1.integrity_checks - s0.integrity_checks;
   j["verify_s"] = s1.verify_seconds - s0.verify_seconds;
   std::fprintf(stderr,
-               "%-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT p50 %7.2f p95 "
+               "%-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT "
+               "p50 %7.2f p95 "
                "%7.2f ms | preempt %lld | peak pages %lld/%lld\n",
-               dtype.c_str(), conc, integrity ? "on" : "off", double(gen) / wall, percentile(ttft, 0.5),
-               percentile(ttft, 0.95), percentile(tpot, 0.5), percentile(tpot, 0.95),
-               (long long)(s1.preemptions - s0.preemptions), (long long)s1.kv_pages_peak,
-               (long long)s1.kv_pages_total);
+               dtype.c_str(), conc, integrity ? "on" : "off", double(gen) / wall,
+               percentile(ttft, 0.5), percentile(ttft, 0.95), percentile(tpot, 0.5),
+               percentile(tpot, 0.95), (long long)(s1.preemptions - s0.preemptions),
+               (long long)s1.kv_pages_peak, (long long)s1.kv_pages_total);
   out.push_back(j);
   return 0;
 }
@@ -282,9 +292,12 @@ int run_batch_bench(const BenchOpts& o) {
   }
   std::vector<bool> integ;
   for (auto& s : split_list(o.integrity)) {
-    if (s == "on") integ.push_back(true);
-    else if (s == "off") integ.push_back(false);
-    else return fail("--integrity takes on, off or on,off");
+    if (s == "on")
+      integ.push_back(true);
+    else if (s == "off")
+      integ.push_back(false);
+    else
+      return fail("--integrity takes on, off or on,off");
   }
   for (auto& d : split_list(o.kv_dtypes))
     for (int c : concs)
@@ -306,9 +319,11 @@ void register_bench(CLI::App& app) {
   static BenchOpts o;
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput");
   cmd->add_option("-m,--model", o.model, "GGUF file or Hugging Face directory")->required();
-  cmd->add_option("--prompt-tokens", o.prompt_tokens, "tokens in the prefill batch")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--prompt-tokens", o.prompt_tokens, "tokens in the prefill batch")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gen-tokens", o.gen_tokens, "decode steps")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("-t,--threads", o.threads, "worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("-t,--threads", o.threads, "worker threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--reps", o.reps, "repetitions after one warm-up")->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->add_option("--concurrency", o.concurrency,
@@ -317,10 +332,13 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--kv-scale", o.kv_scale, "batch mode: FP8 scales, dynamic or static");
   cmd->add_option("--kv-memory", o.kv_memory, "batch mode: KV budget, e.g. 64MiB");
   cmd->add_option("--integrity", o.integrity, "batch mode: on, off or on,off");
-  cmd->add_option("--requests-per-client", o.requests_per_client, "batch mode: requests each client sends")
+  cmd->add_option("--requests-per-client", o.requests_per_client,
+                  "batch mode: requests each client sends")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch mode: tokens per step")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch mode: tokens per step")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")
+      ->check(CLI::Range(1, 4096));
   cmd->callback([] { set_exit_code(run_bench(o)); });
 }
 
