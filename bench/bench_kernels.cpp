@@ -195,11 +195,12 @@ void bm_stream(benchmark::State& state, StreamOp op, int threads) {
 // 64, GQA groups of 3, 4,096 tokens in pages of 16; one iteration is one
 // token's attention over every layer and KV head (about 94 MB of BF16 KV, so
 // it streams from DRAM). FP8 uses dynamic per-(token, head) scales.
-void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels::KvElem elem) {
+void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels::KvElem elem,
+                   bool dynamic_scales) {
   constexpr int64_t kLayers = 30, kKvHeads = 3, kHd = 64, kGroup = 3, kTokens = 4096, kPage = 16;
   constexpr int64_t kPages = kTokens / kPage;
   const int64_t eb = elem == kvant::kernels::KvElem::kBf16 ? 2 : 1;
-  const bool fp8 = eb == 1;
+  const bool fp8 = eb == 1, dyn = fp8 && dynamic_scales;
   const int64_t block = kPage * kKvHeads * kHd * eb, sblock = fp8 ? kPage * kKvHeads * 4 : 0;
   const int64_t layer_bytes = 2 * block + 2 * sblock, page_bytes = kLayers * layer_bytes;
   AlignedBuffer<uint8_t> arena(size_t(kPages * page_bytes));
@@ -233,7 +234,8 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels
       kv.k_pages = kp.data() + lh * kPages;
       kv.v_pages = vp.data() + lh * kPages;
       kv.token_stride = kKvHeads * kHd * eb;
-      if (fp8) {
+      kv.k_scale = kv.v_scale = 0.01f;
+      if (dyn) {
         kv.k_scales = ksp.data() + lh * kPages;
         kv.v_scales = vsp.data() + lh * kPages;
       }
@@ -246,7 +248,7 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels
     benchmark::DoNotOptimize(out.data());
   }
   const double bytes =
-      double(kLayers * kKvHeads * kTokens) * (2.0 * kHd * double(eb) + (fp8 ? 8 : 0));
+      double(kLayers * kKvHeads * kTokens) * (2.0 * kHd * double(eb) + (dyn ? 8 : 0));
   state.counters["GBps"] =
       benchmark::Counter(1e-9 * bytes * double(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -270,15 +272,22 @@ void register_all() {
       const std::string name = std::string("stream/") + opname + "/t" + std::to_string(th);
       benchmark::RegisterBenchmark(name.c_str(), bm_stream, op, th)->UseRealTime();
     }
-  const std::pair<kvant::kernels::KvElem, const char*> elems[] = {
-      {kvant::kernels::KvElem::kBf16, "bf16"},
-      {kvant::kernels::KvElem::kFp8E4m3, "fp8_e4m3"},
-      {kvant::kernels::KvElem::kFp8E5m2, "fp8_e5m2"}};
+  // FP8 with dynamic (per-token) scales, as the KV cache writes them, and static ones.
+  struct PagedCase {
+    kvant::kernels::KvElem elem;
+    bool dynamic_scales;
+    const char* name;
+  };
+  const PagedCase paged[] = {{kvant::kernels::KvElem::kBf16, false, "bf16"},
+                             {kvant::kernels::KvElem::kFp8E4m3, true, "fp8_e4m3"},
+                             {kvant::kernels::KvElem::kFp8E4m3, false, "fp8_e4m3_static"},
+                             {kvant::kernels::KvElem::kFp8E5m2, true, "fp8_e5m2"},
+                             {kvant::kernels::KvElem::kFp8E5m2, false, "fp8_e5m2_static"}};
   for (const KernelTable* t : tables)
-    for (auto [elem, ename] : elems) {
+    for (const PagedCase& c : paged) {
       const std::string name =
-          std::string("paged_attn/") + kvant::kernels::isa_name(t->isa) + "/" + ename + "/ctx4096";
-      benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, elem)
+          std::string("paged_attn/") + kvant::kernels::isa_name(t->isa) + "/" + c.name + "/ctx4096";
+      benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, c.elem, c.dynamic_scales)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -170,8 +170,11 @@ void exact_attention(const Pages& pg, const std::vector<float>& q, int64_t group
 struct Case {
   int64_t page_tokens, n, group;
 };
-constexpr Case kCases[] = {{1, 5, 2},    {7, 37, 3},  {16, 300, 8},
-                           {64, 130, 5}, {16, 16, 1}, {32, 70, 9}};
+// Token counts on and off the SIMD token blocks (8 and 16), a single token,
+// pages that split blocks (1, 7) or hold several (32, 64), groups 1..9 (AVX2
+// scores take 4 heads a pass, AVX-512 8).
+constexpr Case kCases[] = {{1, 5, 2},   {7, 37, 3},  {16, 300, 8}, {64, 130, 5}, {16, 16, 1},
+                           {32, 70, 9}, {16, 1, 3},  {16, 33, 4},  {16, 50, 6},  {7, 40, 7}};
 
 struct Mode {
   KvElem elem;
@@ -188,10 +191,12 @@ constexpr double kTol = 2e-5;
 
 class PagedAttnTest : public KernelIsaTest {};
 
+// Head dims: multiples of 64 (FP8 SIMD reads rows in 64-code blocks), 80 and
+// 96 (a partial block), 576 (MLA).
 TEST_P(PagedAttnTest, MatchesReference) {
   uint32_t seed = 1;
   double worst = 0;
-  for (int64_t hd : {64, 128, 256, 576})
+  for (int64_t hd : {64, 80, 96, 128, 256, 576})
     for (const Mode& mode : kModes)
       for (const Case& c : kCases) {
         const bool shared = hd == 576;  // MLA: one latent row is K and V
@@ -218,10 +223,105 @@ TEST_P(PagedAttnTest, MatchesReference) {
   std::printf("[ %s ] worst |isa - ref| / A = %.3g\n", isa_name(GetParam()), worst);
 }
 
+// A head too wide for the SIMD kernels' stack copy of q (8192 floats) takes
+// their plain path.
+TEST_P(PagedAttnTest, VeryWideHeadMatchesReference) {
+  uint32_t seed = 50;
+  const int64_t hd = 8200;
+  for (const Mode& mode : kModes) {
+    Pages pg(mode.elem, mode.scales, hd, 16, 37, false, ++seed);
+    const int64_t group = 2;
+    const auto q = random_f32(size_t(group * hd), -1.f, 1.f, ++seed);
+    const float scale = 1.f / std::sqrt(float(hd));
+    std::vector<float> want(size_t(group * hd)), got(want.size(), NAN);
+    std::vector<float> s_want(size_t(group * pg.n)), s_got(s_want.size());
+    ref::paged_attn_decode(q.data(), group, hd, scale, pg.view, s_want.data(), want.data());
+    T().paged_attn_decode(q.data(), group, hd, scale, pg.view, s_got.data(), got.data());
+    std::vector<double> exact, bound;
+    exact_attention(pg, q, group, scale, exact, bound);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_LE(std::fabs(double(got[i]) - want[i]), kTol * (bound[i] + 1e-30))
+          << mode.name << " i=" << i;
+  }
+}
+
+// ref::paged_attn_decode's steps with another softmax (what a NaN score turns
+// into is the softmax's business, and SIMD softmaxes differ from the scalar one).
+void reference_with_softmax(const Pages& pg, const std::vector<float>& q, int64_t group,
+                            float scale, void (*softmax)(float*, int64_t), std::vector<float>& out) {
+  const int64_t n = pg.n, hd = pg.hd;
+  std::vector<float> p(size_t(group * n));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < group; ++h) {
+      double acc = 0;
+      for (int64_t d = 0; d < hd; ++d)
+        acc += double(q[size_t(h * hd + d)]) * decode(pg.elem, pg.krow(t), d);
+      p[size_t(h * n + t)] = float(acc * double(scale * float(pg.kscale(t))));
+    }
+  for (int64_t h = 0; h < group; ++h) softmax(p.data() + h * n, n);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < group; ++h) p[size_t(h * n + t)] *= float(pg.vscale(t));
+  out.assign(size_t(group * hd), 0.f);
+  for (int64_t h = 0; h < group; ++h)
+    for (int64_t d = 0; d < hd; ++d) {
+      float acc = 0.f;
+      for (int64_t t = 0; t < n; ++t)
+        acc = std::fma(p[size_t(h * n + t)], float(decode(pg.elem, pg.vrow(t), d)), acc);
+      out[size_t(h * hd + d)] = acc;
+    }
+}
+
+// A NaN code in one K row (that token's scores are NaN) or one V row (that
+// element of every head's output is NaN) gives NaN exactly where the
+// reference steps with this ISA's softmax do, and matches them elsewhere.
+// Codes at the first and the last element of a row, 64-code blocks full and
+// partial.
+TEST_P(PagedAttnTest, Fp8NanCodesMatchReference) {
+  uint32_t seed = 300;
+  for (KvElem e : {KvElem::kFp8E4m3, KvElem::kFp8E5m2})
+    for (Scales sc : {Scales::kStatic, Scales::kDynamic})
+      for (int64_t hd : {64, 80, 128})
+        for (bool in_k : {true, false})
+          for (int64_t d : {int64_t(0), hd - 1}) {
+            const int64_t n = 37, group = 3, t = 20;
+            Pages pg(e, sc, hd, 16, n, false, ++seed);
+            auto& blocks = in_k ? pg.k : pg.v;
+            const uint8_t nan_code = e == KvElem::kFp8E4m3 ? 0xff : 0x7e;
+            blocks[size_t(t / 16)][size_t((t % 16) * pg.view.token_stride + kHead * hd + d)] =
+                nan_code;
+            const auto q = random_f32(size_t(group * hd), -1.f, 1.f, ++seed);
+            std::vector<float> want, got(size_t(group * hd)), s_got(size_t(group * n));
+            reference_with_softmax(pg, q, group, 0.125f, T().softmax, want);
+            T().paged_attn_decode(q.data(), group, hd, 0.125f, pg.view, s_got.data(), got.data());
+            // Scale of the outputs: max_t |dequant(V_t)[d]| (A's bound; A itself has NaNs).
+            std::vector<double> vmax(size_t(hd), 0);
+            for (int64_t tt = 0; tt < n; ++tt)
+              for (int64_t dd = 0; dd < hd; ++dd) {
+                const double v = std::fabs(decode(e, pg.vrow(tt), dd) * pg.vscale(tt));
+                if (!std::isnan(v)) vmax[size_t(dd)] = std::max(vmax[size_t(dd)], v);
+              }
+            int64_t nans = 0;
+            for (size_t i = 0; i < want.size(); ++i) {
+              const std::string where = std::string(e == KvElem::kFp8E4m3 ? "e4m3" : "e5m2") +
+                                        (in_k ? " K" : " V") + " hd=" + std::to_string(hd) +
+                                        " d=" + std::to_string(d) + " i=" + std::to_string(i);
+              ASSERT_EQ(std::isnan(want[i]), std::isnan(got[i])) << where;
+              if (std::isnan(want[i])) {
+                ++nans;
+                continue;
+              }
+              ASSERT_LE(std::fabs(double(got[i]) - want[i]), kTol * vmax[i % size_t(hd)]) << where;
+            }
+            if (!in_k) {
+              ASSERT_EQ(nans, group) << "hd=" << hd << " d=" << d;
+            }
+          }
+}
+
 // BF16 pages: bitwise what the unpaged helpers of the same ISA give.
 TEST_P(PagedAttnTest, Bf16BitwiseEqualsUnpagedPath) {
   uint32_t seed = 100;
-  for (int64_t hd : {64, 128, 256, 576})
+  for (int64_t hd : {64, 80, 96, 128, 256, 576})
     for (const Case& c : kCases) {
       Pages pg(KvElem::kBf16, Scales::kNone, hd, c.page_tokens, c.n, hd == 576, ++seed);
       const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);

@@ -121,12 +121,17 @@ struct KernelTable {
   //   out[h, d] = sum over t = 0 .. n-1, sequentially, of fma(w[h, t], decode(V_t)[d], acc)
   //               with w = p (BF16) or p * vs_t (FP8, one FP32 product)
   // i.e. the per-token scales multiply scores and probabilities, not each
-  // element (dequant(x) = decode(x) * s up to that reassociation). The dot
-  // product follows attn_scores of the same ISA, so with BF16 pages the
-  // result is bitwise equal to attn_scores + softmax + attn_weighted_sum of
-  // the same ISA; the weighted sum is bitwise equal across ISAs for every
-  // element type. Every K and V row is read once per call for all heads of
-  // the group. n_tokens == 0 gives out = 0. FP8 NaN codes decode to NaN.
+  // element (dequant(x) = decode(x) * s up to that reassociation). With BF16
+  // pages the dot product follows attn_scores of the same ISA, so the result
+  // is bitwise equal to attn_scores + softmax + attn_weighted_sum of the same
+  // ISA. With FP8 pages an ISA may sum a dot product's elements in another
+  // order (AVX-512 takes 64 codes per load and permutes q to match), so FP8
+  // scores equal the reference's up to FP32 rounding, not bitwise across
+  // ISAs; a token's score still never depends on n, t or other tokens. The
+  // weighted sum is bitwise equal across ISAs for every element type. Every K
+  // and V row is read once per call for all heads of the group (SIMD ISAs:
+  // of up to 4 or 8 heads). n_tokens == 0 gives out = 0. FP8 NaN codes decode
+  // to NaN.
   void (*paged_attn_decode)(const float* q, int64_t group, int64_t head_dim, float scale,
                             const PagedKv& kv, float* scratch, float* out) = nullptr;
 

@@ -25,7 +25,7 @@ inline void for_each_token(const PagedKv& kv, Fn&& fn) {
 
 // Pages are scattered, so hardware prefetchers stop at each page's end: SIMD
 // kernels request rows (and dynamic scales) this many pages ahead.
-inline constexpr int64_t kPrefetchPages = 2;
+inline constexpr int64_t kPrefetchPages = 4;
 
 // Dynamic scales sit in a separate block of each page: at a page's first slot,
 // ask for the scales kPrefetchPages pages on (a few lines) so later reads hit.

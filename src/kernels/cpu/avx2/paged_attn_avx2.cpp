@@ -84,14 +84,8 @@ constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
 inline __m256 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
-  if (i + nb <= kv.page_tokens) {
-    const float* base = sc[pg] + i * kv.scale_stride;
-    if (kv.scale_stride == 1) return load_part(base, nb);
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                           _mm256_set1_epi32(int(kv.scale_stride)));
-    return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, idx,
-                                    _mm256_castsi256_ps(lanes_below(nb)), 4);
-  }
+  if (kv.scale_stride == 1 && i + nb <= kv.page_tokens) return load_part(sc[pg] + i, nb);
+  // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
   alignas(32) float tmp[8] = {};
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
@@ -134,7 +128,11 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
       rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
       if (p2 + kPrefetchPages < pages)
         prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
-      if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
+      if constexpr (E != KvElem::kBf16) {
+          // The V scales too: the pass that reads them is too short to hide misses.
+          prefetch_next_scales(kv.k_scales, p2, i2, kv);
+          prefetch_next_scales(kv.v_scales, p2, i2, kv);
+        }
       if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
       if (++i2 == pt) i2 = 0, ++p2;
     }

@@ -173,15 +173,9 @@ constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
 inline __m512 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
-  const __mmask16 m = mask16(nb);
-  if (i + nb <= kv.page_tokens) {
-    const float* base = sc[pg] + i * kv.scale_stride;
-    if (kv.scale_stride == 1) return _mm512_maskz_loadu_ps(m, base);
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(int(kv.scale_stride)));
-    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base, 4);
-  }
+  if (kv.scale_stride == 1 && i + nb <= kv.page_tokens)
+    return _mm512_maskz_loadu_ps(mask16(nb), sc[pg] + i);
+  // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
   alignas(64) float tmp[16] = {};
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
@@ -237,7 +231,11 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
         rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
         if (p2 + kPrefetchPages < pages)
         prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
-        if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.k_scales, p2, i2, kv);
+        if constexpr (E != KvElem::kBf16) {
+          // The V scales too: the pass that reads them is too short to hide misses.
+          prefetch_next_scales(kv.k_scales, p2, i2, kv);
+          prefetch_next_scales(kv.v_scales, p2, i2, kv);
+        }
         if constexpr (E == KvElem::kFp8E4m3 && !Perm) nan |= e4m3_has_nan(rows[j], hd);
         if (++i2 == pt) i2 = 0, ++p2;
       }
