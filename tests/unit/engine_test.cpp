@@ -452,3 +452,116 @@ TEST(Engine, SmolLM2GreedyMatchesTheSingleSequencePath) {
     EXPECT_EQ(got[i].tokens, want) << texts[i];
   }
 }
+
+TEST(Engine, FaultCampaignThroughTheEngine) {
+  // 1,000 faults injected into live requests of a running engine (tiny Llama
+  // fixture): every faulted request is aborted with an integrity error at the
+  // next step, every other request completes with exactly its solo tokens,
+  // and no clean step reports a violation.
+  const auto prompts = random_prompts(16, 20, 60, 320, 77);
+  const int gen = 24;
+  const auto solo = run_alone(tiny_options("llama3"), prompts, gen);
+  EngineOptions o = tiny_options("llama3");
+  o.debug_invariants = false;
+  o.prefix_caching = false;
+  o.max_step_tokens = 4096;  // every running request is scheduled every step
+  o.max_running = 12;
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok());
+  Engine& eng = **e;
+  std::mt19937 rng(2024);
+  struct Live {
+    size_t prompt;
+    RequestId id;
+    Outcome out;
+    bool faulted = false;
+  };
+  std::vector<std::unique_ptr<Live>> all;
+  std::vector<Live*> live;
+  int faults = 0, detected = 0, clean_completions = 0, steps = 0, clean_steps_with_violations = 0;
+  FaultInjector fi(eng.pool());
+  while (faults < 1000) {
+    while (live.size() < 10) {
+      auto l = std::make_unique<Live>();
+      l->prompt = size_t(std::uniform_int_distribution<int>(0, int(prompts.size()) - 1)(rng));
+      l->id = eng.submit(greedy_request(prompts[l->prompt], gen, &l->out)).value();
+      live.push_back(l.get());
+      all.push_back(std::move(l));
+    }
+    // Fault one running request that holds pages (not before its first step).
+    bool injected = false;
+    if (steps % 2 == 1) {
+      std::vector<Live*> cand;
+      for (Live* l : live) {
+        const uint64_t seq = eng.sequence_of(l->id);
+        PageTable* t = seq ? eng.scheduler().table_for_fault_injection(seq) : nullptr;
+        if (!l->faulted && t && !t->pages.empty()) cand.push_back(l);
+      }
+      if (!cand.empty()) {
+        Live* v = cand[size_t(std::uniform_int_distribution<int>(0, int(cand.size()) - 1)(rng))];
+        PageTable* t = eng.scheduler().table_for_fault_injection(eng.sequence_of(v->id));
+        const size_t idx =
+            size_t(std::uniform_int_distribution<int>(0, int(t->pages.size()) - 1)(rng));
+        PageTable thief;
+        switch (faults % 4) {
+          case 0:
+            fi.reassign_page(*t, idx, thief);
+            break;
+          case 1:
+            fi.flip_generation(*t, idx, 1u << std::uniform_int_distribution<int>(0, 31)(rng));
+            break;
+          case 2:
+            ASSERT_TRUE(fi.free_while_referenced(*t, idx).ok());
+            break;
+          case 3: {
+            const uint32_t other = uint32_t(
+                std::uniform_int_distribution<int64_t>(0, eng.pool().num_pages() - 1)(rng));
+            if (other == t->pages[idx].page)
+              fi.flip_generation(*t, idx, 0x80000000u);
+            else
+              fi.redirect_entry(*t, idx, other);
+            break;
+          }
+        }
+        v->faulted = true;
+        ++faults;
+        injected = true;
+      }
+    }
+    const int64_t before = eng.stats().integrity_violations;
+    ASSERT_TRUE(eng.step().ok());
+    ++steps;
+    if (!injected && eng.stats().integrity_violations != before) ++clean_steps_with_violations;
+    for (size_t i = 0; i < live.size();) {
+      Live* l = live[i];
+      if (l->out.finals == 0) {
+        ++i;
+        continue;
+      }
+      if (l->faulted) {
+        EXPECT_EQ(l->out.finish, FinishReason::Error);
+        detected += l->out.finish == FinishReason::Error;
+      } else {
+        EXPECT_EQ(l->out.tokens, solo[l->prompt].tokens) << "a clean request's output changed";
+        ++clean_completions;
+      }
+      live.erase(live.begin() + ptrdiff_t(i));
+    }
+  }
+  while (!eng.idle()) ASSERT_TRUE(eng.step().ok());
+  for (Live* l : live) {
+    if (l->faulted)
+      detected += l->out.finish == FinishReason::Error;
+    else
+      EXPECT_EQ(l->out.tokens, solo[l->prompt].tokens);
+  }
+  EXPECT_EQ(detected, faults);
+  EXPECT_EQ(clean_steps_with_violations, 0);
+  EXPECT_GT(clean_completions, 100);
+  EXPECT_TRUE(eng.check_invariants().ok()) << eng.check_invariants().error().message;
+  EXPECT_EQ(eng.pool().used_pages(), 0);
+  std::printf(
+      "engine fault campaign: %d faults, %d detected, %d clean completions equal to solo runs, %d "
+      "steps\n",
+      faults, detected, clean_completions, steps);
+}
