@@ -69,6 +69,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.prefix_caching = !f.no_prefix_cache;
   o.integrity_checks = !f.no_integrity;
   o.prefix_checksums = f.prefix_checksums;
+  o.debug_invariants = f.debug_invariants;
   return o;
 }
 

@@ -25,6 +25,7 @@ struct EngineFlags {
   bool no_prefix_cache = false;
   bool no_integrity = false;
   bool prefix_checksums = false;
+  bool debug_invariants = false;
 };
 
 // `with_model` false when the command registers -m itself.
