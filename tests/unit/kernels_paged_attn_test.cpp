@@ -34,7 +34,9 @@ namespace {
 using test::KernelIsaTest;
 using test::random_f32;
 
-constexpr int64_t kHeads = 2, kHead = 1;  // row layout [kv_heads, head_dim], head 1 read
+// Row layout [kv_heads, head_dim] (2 unless a test asks otherwise), the last
+// head read: token and scale strides are not trivial.
+constexpr int64_t kDefaultKvHeads = 2;
 
 int64_t elem_bytes(KvElem e) { return e == KvElem::kBf16 ? 2 : 1; }
 
@@ -64,9 +66,11 @@ struct Pages {
   std::vector<const float*> ksp, vsp;
   PagedKv view;
 
+  int64_t kHeads, kHead;
+
   Pages(KvElem e, Scales sc, int64_t head_dim, int64_t pt, int64_t n_tokens, bool shared,
-        uint32_t seed)
-      : elem(e), hd(head_dim), page_tokens(pt), n(n_tokens) {
+        uint32_t seed, int64_t kv_heads = kDefaultKvHeads)
+      : elem(e), hd(head_dim), page_tokens(pt), n(n_tokens), kHeads(kv_heads), kHead(kv_heads - 1) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> val(-2.f, 2.f), mag(0.1f, 4.f);
     const int64_t eb = elem_bytes(e), stride = kHeads * hd * eb;
@@ -200,7 +204,9 @@ TEST_P(PagedAttnTest, MatchesReference) {
     for (const Mode& mode : kModes)
       for (const Case& c : kCases) {
         const bool shared = hd == 576;  // MLA: one latent row is K and V
-        Pages pg(mode.elem, mode.scales, hd, c.page_tokens, c.n, shared, ++seed);
+        // KV heads per row 1..5: dynamic scales strided by 1..5 floats.
+        const int64_t kv_heads = 1 + int64_t(++seed % 5);
+        Pages pg(mode.elem, mode.scales, hd, c.page_tokens, c.n, shared, seed, kv_heads);
         const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
         const float scale = 1.f / std::sqrt(float(hd));
         std::vector<float> want(size_t(c.group * hd)), got(want.size(), NAN);
@@ -287,7 +293,7 @@ TEST_P(PagedAttnTest, Fp8NanCodesMatchReference) {
             Pages pg(e, sc, hd, 16, n, false, ++seed);
             auto& blocks = in_k ? pg.k : pg.v;
             const uint8_t nan_code = e == KvElem::kFp8E4m3 ? 0xff : 0x7e;
-            blocks[size_t(t / 16)][size_t((t % 16) * pg.view.token_stride + kHead * hd + d)] =
+            blocks[size_t(t / 16)][size_t((t % 16) * pg.view.token_stride + pg.kHead * hd + d)] =
                 nan_code;
             const auto q = random_f32(size_t(group * hd), -1.f, 1.f, ++seed);
             std::vector<float> want, got(size_t(group * hd)), s_got(size_t(group * n));

@@ -173,9 +173,25 @@ constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
 inline __m512 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
-  if (kv.scale_stride == 1 && i + nb <= kv.page_tokens)
-    return _mm512_maskz_loadu_ps(mask16(nb), sc[pg] + i);
-  // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
+  const int64_t ss = kv.scale_stride;
+  if (i + nb <= kv.page_tokens && ss <= 4) {
+    // One page, small stride (scales of a few KV heads side by side): load the
+    // span, up to 64 floats, and pick every ss-th (no gather: slow on CPUs
+    // with the GDS mitigation).
+    const float* b = sc[pg] + i * ss;
+    if (ss == 1) return _mm512_maskz_loadu_ps(mask16(nb), b);
+    const int64_t len = (nb - 1) * ss + 1;
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(int(ss)));
+    const __m512 lo = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mask16(len), b), idx,
+                                             _mm512_maskz_loadu_ps(mask16(len - 16), b + 16));
+    if (len <= 32) return lo;
+    const __m512 hi = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mask16(len - 32), b + 32), idx,
+                                             _mm512_maskz_loadu_ps(mask16(len - 48), b + 48));
+    return _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32)), lo, hi);
+  }
+  // Otherwise scalar loads.
   alignas(64) float tmp[16] = {};
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
