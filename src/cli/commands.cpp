@@ -13,5 +13,6 @@ void register_all(CLI::App& app) {
   register_generate(app);
   register_plan(app);
   register_eval_kv(app);
+  register_serve(app);
 }
 }  // namespace kvant::cli

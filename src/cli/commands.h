@@ -12,4 +12,5 @@ void register_bench(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_eval_kv(CLI::App& app);
+void register_serve(CLI::App& app);
 }  // namespace kvant::cli

@@ -531,6 +531,7 @@ EngineStats Engine::stats() const {
   s.prefix_lookup_tokens = c.prefix_lookup_tokens;
   s.kv_pages_total = pool_->num_pages();
   s.kv_pages_used = pool_->used_pages();
+  s.kv_pages_cached = index_ ? index_->size() : 0;
   const auto& v = impl_->verifier->stats();
   s.integrity_passes = int64_t(v.passes);
   s.integrity_checks = int64_t(v.checks);

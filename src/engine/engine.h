@@ -95,6 +95,7 @@ struct Request {
 struct EngineStats {
   int64_t running = 0, waiting = 0;
   int64_t kv_pages_total = 0, kv_pages_used = 0, kv_pages_peak = 0;
+  int64_t kv_pages_cached = 0;  // held by the prefix index (all of kv_pages_used when idle)
   int64_t prompt_tokens = 0;      // computed prompt tokens (prefill work)
   int64_t generated_tokens = 0;   // sampled tokens
   int64_t requests_finished = 0;  // every reason

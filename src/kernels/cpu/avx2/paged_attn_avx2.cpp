@@ -84,9 +84,20 @@ constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
 inline __m256 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
-  if (kv.scale_stride == 1 && i + nb <= kv.page_tokens) return load_part(sc[pg] + i, nb);
-  // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
+  const int64_t ss = kv.scale_stride;
   alignas(32) float tmp[8] = {};
+  if (i + nb <= kv.page_tokens) {  // one page
+    const float* b = sc[pg] + i * ss;
+    if (ss == 1) return load_part(b, nb);
+    // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
+    if (nb == 8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) tmp[j] = b[j * ss];
+    } else {
+      for (int j = 0; j < nb; ++j) tmp[j] = b[j * ss];
+    }
+    return _mm256_load_ps(tmp);
+  }
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
     if (++i == kv.page_tokens) i = 0, ++pg;
