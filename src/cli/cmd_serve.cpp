@@ -1,0 +1,115 @@
+// `kvant serve`: the OpenAI-compatible HTTP server (src/server/) over one
+// engine built from the shared engine flags. Resolves the chat template here
+// (the server layer sees only the engine) and hands it over as a function
+// from messages to prompt tokens.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "engine/engine.h"
+#include "engine/kv_plan.h"
+#include "server/server.h"
+#include "tokenizer/chat_template.h"
+
+namespace kvant::cli {
+namespace {
+
+struct ServeOpts {
+  EngineFlags engine;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  std::string model_name;
+  std::string chat_template;
+  std::string max_body = "1MiB";
+  int64_t max_waiting = 1024;
+  double shutdown_grace = 30;
+};
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "kvant: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string default_model_name(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  if (name.size() > 5 && name.ends_with(".gguf")) name.resize(name.size() - 5);
+  return name.empty() ? "kvant" : name;
+}
+
+int run_serve(const ServeOpts& o) {
+  auto eo = engine_options(o.engine);
+  if (!eo) return fail(eo.error().message);
+  auto body = parse_byte_size(o.max_body);
+  if (!body) return fail("--max-body: " + body.error().message);
+  auto created = Engine::create(*eo);
+  if (!created) return fail(created.error().message);
+  Engine& eng = **created;
+
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.api_key = o.api_key;
+  if (so.api_key.empty())
+    if (const char* k = std::getenv("KVANT_API_KEY")) so.api_key = k;
+  so.model_name = o.model_name.empty() ? default_model_name(o.engine.model) : o.model_name;
+  so.max_body_bytes = *body;
+  so.max_waiting = o.max_waiting;
+  so.shutdown_grace_seconds = o.shutdown_grace;
+  auto fmt = o.chat_template.empty()
+                 ? detect_chat_format(eng.chat_template(), eng.model_config().arch_name)
+                 : chat_format_from_name(o.chat_template);
+  if (!fmt && !o.chat_template.empty()) return fail(fmt.error().message);
+  if (fmt) {
+    const Tokenizer& tok = eng.tokenizer();
+    const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
+    const ChatFormat format = *fmt;
+    so.render_chat = [&tok, bos,
+                      format](const server::ChatMessages& m) -> Result<std::vector<int32_t>> {
+      std::vector<ChatMessage> msgs;
+      msgs.reserve(m.size());
+      for (const auto& [role, content] : m) msgs.push_back({role, content});
+      auto text = render_chat(format, msgs, /*add_generation_prompt=*/true, bos);
+      if (!text) return text.error();
+      return tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
+    };
+  } else {
+    std::fprintf(stderr, "kvant serve: no chat template (%s); only /v1/completions works\n",
+                 fmt.error().message.c_str());
+  }
+  so.on_listening = [&so](const std::string& host, int port) {
+    std::fprintf(stderr, "kvant serve: model '%s' on http://%s:%d/v1\n", so.model_name.c_str(),
+                 host.c_str(), port);
+  };
+  return server::run_server(eng, so);
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  static ServeOpts o;
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
+  add_engine_flags(cmd, o.engine);
+  cmd->add_option("--host", o.host, "address to bind (default 127.0.0.1)");
+  cmd->add_option("--port", o.port, "TCP port (0 = any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o.api_key,
+                  "require 'Authorization: Bearer KEY' on /v1/* (default: $KVANT_API_KEY)");
+  cmd->add_option("--model-name", o.model_name,
+                  "model id clients name (default: the model file's name without .gguf)");
+  cmd->add_option("--chat-template", o.chat_template,
+                  "chat template by name: chatml, smollm2, gemma, llama3 (default: detected)");
+  cmd->add_option("--max-body", o.max_body, "largest request body, e.g. 1MiB (413 beyond)");
+  cmd->add_option("--max-waiting", o.max_waiting,
+                  "requests waiting for their first token before new ones get 429")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  cmd->add_option("--shutdown-grace", o.shutdown_grace,
+                  "seconds in-flight requests get after SIGTERM before they are cancelled")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->callback([] { set_exit_code(run_serve(o)); });
+}
+
+}  // namespace kvant::cli

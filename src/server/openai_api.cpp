@@ -1,0 +1,460 @@
+// Request parsing and response JSON for the OpenAI API (see openai_api.h).
+// Ranges follow OpenAI's documentation where it gives one (temperature
+// [0, 2], top_p (0, 1], penalties [-2, 2], top_logprobs [0, 20]) and the
+// engine's limits elsewhere (stop strings, top_k, min_p).
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kvant::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError bad(std::string message, std::string param = "", int status = 400, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
+  }
+}
+
+// Field readers: nullopt when absent or null; an error when of the wrong type
+// or out of range.
+struct Reader {
+  const json& body;
+  std::optional<ApiError> err;
+
+  const json* field(const char* name) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  void type_error(const char* name, const char* want, const json& v) {
+    if (!err)
+      err = bad(std::string("'") + name + "' must be " + want + ", got " + type_name(v), name);
+  }
+  std::optional<double> number(const char* name, double lo, double hi, bool lo_open = false) {
+    const json* v = field(name);
+    if (!v || err) return std::nullopt;
+    if (!v->is_number()) {
+      type_error(name, "a number", *v);
+      return std::nullopt;
+    }
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x <= lo)) {
+      err = bad(std::string("'") + name + "' must be in " + (lo_open ? "(" : "[") + fmt(lo) + ", " +
+                    fmt(hi) + "], got " + v->dump(),
+                name);
+      return std::nullopt;
+    }
+    return x;
+  }
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) {
+    const json* v = field(name);
+    if (!v || err) return std::nullopt;
+    if (!v->is_number_integer()) {
+      type_error(name, "an integer", *v);
+      return std::nullopt;
+    }
+    // Unsigned values above int64 are out of range anyway.
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(hi)) {
+      err = bad(std::string("'") + name + "' must be at most " + std::to_string(hi) + ", got " +
+                    v->dump(),
+                name);
+      return std::nullopt;
+    }
+    const int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) {
+      err = bad(std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "], got " + v->dump(),
+                name);
+      return std::nullopt;
+    }
+    return x;
+  }
+  std::optional<bool> boolean(const char* name) {
+    const json* v = field(name);
+    if (!v || err) return std::nullopt;
+    if (!v->is_boolean()) {
+      type_error(name, "a boolean", *v);
+      return std::nullopt;
+    }
+    return v->get<bool>();
+  }
+  std::optional<std::string> string(const char* name) {
+    const json* v = field(name);
+    if (!v || err) return std::nullopt;
+    if (!v->is_string()) {
+      type_error(name, "a string", *v);
+      return std::nullopt;
+    }
+    return v->get<std::string>();
+  }
+  static std::string fmt(double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return b;
+  }
+};
+
+// Chat content: a string, or a list of {"type": "text", "text": ...} parts.
+std::optional<ApiError> message_content(const json& c, size_t i, std::string& out) {
+  const std::string param = "messages[" + std::to_string(i) + "].content";
+  if (c.is_string()) {
+    out = c.get<std::string>();
+    return std::nullopt;
+  }
+  if (c.is_array()) {
+    for (size_t k = 0; k < c.size(); ++k) {
+      const json& part = c[k];
+      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          !part["text"].is_string())
+        return bad(param + "[" + std::to_string(k) +
+                       "] must be {\"type\": \"text\", \"text\": string}; other parts are not "
+                       "supported",
+                   param);
+      out += part["text"].get<std::string>();
+    }
+    return std::nullopt;
+  }
+  return bad("'" + param + "' must be a string or a list of text parts, got " + type_name(c),
+             param);
+}
+
+}  // namespace
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return dump_json(json{{"error", err}});
+}
+
+ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
+                           const std::string& model_name) {
+  ParseOutcome out;
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    const std::string what = e.what();
+    if (what.find("UTF-8") != std::string::npos)
+      out.error = bad("the request body is not valid UTF-8: " + what);
+    else
+      out.error = bad("the request body is not valid JSON: " + what);
+    return out;
+  }
+  if (!j.is_object()) {
+    out.error = bad(std::string("the request body must be a JSON object, got ") + type_name(j));
+    return out;
+  }
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  Reader rd{j, std::nullopt};
+
+  auto model = rd.string("model");
+  if (rd.err) return {std::nullopt, *rd.err};
+  if (!model) return {std::nullopt, bad("'model' is required", "model")};
+  if (*model != model_name)
+    return {std::nullopt, bad("the model '" + *model + "' does not exist; this server serves '" +
+                                  model_name + "'",
+                              "model", 404, "model_not_found")};
+  r.model = *model;
+
+  if (endpoint == Endpoint::Chat) {
+    const json* m = rd.field("messages");
+    if (!m) return {std::nullopt, bad("'messages' is required", "messages")};
+    if (!m->is_array())
+      return {std::nullopt,
+              bad(std::string("'messages' must be an array, got ") + type_name(*m), "messages")};
+    if (m->empty()) return {std::nullopt, bad("'messages' must not be empty", "messages")};
+    for (size_t i = 0; i < m->size(); ++i) {
+      const json& msg = (*m)[i];
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (!msg.is_object()) return {std::nullopt, bad("'" + p + "' must be an object", p)};
+      auto role = msg.find("role");
+      if (role == msg.end() || !role->is_string())
+        return {std::nullopt,
+                bad("'" + p + ".role' is required and must be a string", p + ".role")};
+      const std::string rs = role->get<std::string>();
+      if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer" && rs != "tool")
+        return {std::nullopt, bad("'" + p +
+                                      ".role' must be system, developer, user, assistant or "
+                                      "tool, got '" +
+                                      rs + "'",
+                                  p + ".role")};
+      std::string content;
+      auto c = msg.find("content");
+      if (c == msg.end() || c->is_null()) {
+        if (rs != "assistant")
+          return {std::nullopt, bad("'" + p + ".content' is required", p + ".content")};
+      } else if (auto e = message_content(*c, i, content)) {
+        return {std::nullopt, *e};
+      }
+      r.messages.emplace_back(rs == "developer" ? "system" : rs, std::move(content));
+    }
+  } else {
+    const json* p = rd.field("prompt");
+    if (!p) return {std::nullopt, bad("'prompt' is required", "prompt")};
+    auto ids_from = [&](const json& a) -> std::optional<ApiError> {
+      for (const json& t : a) {
+        if (!t.is_number_integer()) return bad("'prompt' token ids must be integers", "prompt");
+        const int64_t v = t.get<int64_t>();
+        if (v < 0 || v > std::numeric_limits<int32_t>::max())
+          return bad("'prompt' token id " + t.dump() + " is out of range", "prompt");
+        r.prompt_ids.push_back(int32_t(v));
+      }
+      r.prompt_is_ids = true;
+      return std::nullopt;
+    };
+    if (p->is_string()) {
+      r.prompt = p->get<std::string>();
+    } else if (p->is_array()) {
+      if (p->empty()) return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
+      const json& first = (*p)[0];
+      if (first.is_string() || first.is_array()) {
+        if (p->size() != 1)
+          return {std::nullopt,
+                  bad("only one prompt per request is supported, got " + std::to_string(p->size()),
+                      "prompt")};
+        if (first.is_string())
+          r.prompt = first.get<std::string>();
+        else if (auto e = ids_from(first))
+          return {std::nullopt, *e};
+      } else if (auto e = ids_from(*p)) {
+        return {std::nullopt, *e};
+      }
+    } else {
+      return {std::nullopt, bad(std::string("'prompt' must be a string, a list of token ids or a "
+                                            "list of one of those, got ") +
+                                    type_name(*p),
+                                "prompt")};
+    }
+    if (!r.prompt_is_ids && r.prompt.empty())
+      return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
+    if (r.prompt_is_ids && r.prompt_ids.empty())
+      return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
+    if (auto echo = rd.boolean("echo"); echo && *echo)
+      return {std::nullopt, bad("'echo' is not supported", "echo")};
+    if (auto s = rd.string("suffix"); s && !s->empty())
+      return {std::nullopt, bad("'suffix' is not supported", "suffix")};
+    rd.integer("best_of", 1, 1);
+    if (rd.err) return {std::nullopt, *rd.err};
+  }
+
+  constexpr int64_t kMaxTokens = int64_t(1) << 30;
+  auto mt = rd.integer("max_tokens", 1, kMaxTokens);
+  auto mct = rd.integer("max_completion_tokens", 1, kMaxTokens);
+  if (mct) mt = mct;
+  if (mt) r.max_tokens = int32_t(*mt);
+  if (auto n = rd.integer("n", 1, 1024); n && *n != 1 && !rd.err)
+    rd.err = bad("only n = 1 is supported, got " + std::to_string(*n), "n");
+  if (auto t = rd.number("temperature", 0, 2))
+    r.sampling.temperature = float(*t);
+  else if (!rd.err && !rd.field("temperature"))
+    r.sampling.temperature = 1.f;  // OpenAI's default
+  if (auto t = rd.number("top_p", 0, 1, /*lo_open=*/true)) r.sampling.top_p = float(*t);
+  if (auto t = rd.integer("top_k", -1, 1 << 24)) r.sampling.top_k = int32_t(*t);
+  if (auto t = rd.number("min_p", 0, 1)) r.sampling.min_p = float(*t);
+  if (auto t = rd.number("presence_penalty", -2, 2)) r.sampling.presence_penalty = float(*t);
+  if (auto t = rd.number("frequency_penalty", -2, 2)) r.sampling.frequency_penalty = float(*t);
+  if (auto t = rd.number("repetition_penalty", 0, 100, true))
+    r.sampling.repetition_penalty = float(*t);
+  if (auto s = rd.integer("seed", std::numeric_limits<int64_t>::min(),
+                          std::numeric_limits<int64_t>::max())) {
+    // The engine reads seed 0 as "pick one"; a client's 0 must stay fixed.
+    r.sampling.seed = *s == 0 ? 0x9e3779b97f4a7c15ull : uint64_t(*s);
+  }
+  if (auto s = rd.boolean("stream")) r.stream = *s;
+  if (const json* so = rd.field("stream_options"); so && !rd.err) {
+    if (!so->is_object()) {
+      rd.type_error("stream_options", "an object", *so);
+    } else if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean())
+        rd.err =
+            bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage");
+      else
+        r.include_usage = iu->get<bool>();
+    }
+    if (!rd.err && !r.stream)
+      rd.err = bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
+  }
+  if (endpoint == Endpoint::Chat) {
+    if (auto l = rd.boolean("logprobs")) r.logprobs = *l;
+    if (auto t = rd.integer("top_logprobs", 0, kMaxTopLogprobs)) {
+      if (!r.logprobs && !rd.err)
+        rd.err = bad("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
+      r.top_logprobs = int32_t(*t);
+    }
+  } else if (auto l = rd.integer("logprobs", 0, 5)) {
+    r.logprobs = true;
+    r.top_logprobs = int32_t(*l);
+  }
+  r.sampling.top_logprobs = r.top_logprobs;
+  if (const json* st = rd.field("stop"); st && !rd.err) {
+    auto add = [&](const json& s) {
+      if (!s.is_string()) {
+        rd.err = bad("'stop' must be a string or a list of strings", "stop");
+        return;
+      }
+      r.stop.stop.push_back(s.get<std::string>());
+    };
+    if (st->is_string()) {
+      add(*st);
+    } else if (st->is_array()) {
+      if (st->size() > kMaxStopStrings)
+        rd.err = bad("'stop' takes at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+                         std::to_string(st->size()),
+                     "stop");
+      for (const json& s : *st)
+        if (!rd.err) add(s);
+    } else {
+      rd.type_error("stop", "a string or a list of strings", *st);
+    }
+    for (const auto& s : r.stop.stop) {
+      if (rd.err) break;
+      if (s.empty())
+        rd.err = bad("'stop' strings must not be empty", "stop");
+      else if (s.size() > kMaxStopStringBytes)
+        rd.err = bad("'stop' strings are at most " + std::to_string(kMaxStopStringBytes) +
+                         " bytes, got one of " + std::to_string(s.size()),
+                     "stop");
+    }
+  }
+  if (auto u = rd.string("user")) r.user = *u;
+  if (rd.err) return {std::nullopt, *rd.err};
+  r.stop.max_tokens = r.max_tokens;
+  out.request = std::move(r);
+  return out;
+}
+
+nlohmann::json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+namespace {
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+}  // namespace
+
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobText>& tokens,
+                             int64_t text_offset) {
+  if (endpoint == Endpoint::Chat) {
+    json content = json::array();
+    for (const auto& t : tokens) {
+      json top = json::array();
+      for (const auto& [s, lp] : t.top)
+        top.push_back({{"token", s}, {"logprob", lp}, {"bytes", bytes_of(s)}});
+      content.push_back({{"token", t.token},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(t.token)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const auto& t : tokens) {
+    toks.push_back(t.token);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [s, lp] : t.top) top[s] = lp;
+    tops.push_back(top);
+    offs.push_back(text_offset);
+    text_offset += int64_t(t.token.size());
+  }
+  return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+namespace {
+json choice_error(std::string_view error) {
+  return {{"message", std::string(error)}, {"type", "integrity_error"}};
+}
+}  // namespace
+
+nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                             const std::vector<TokenLogprobText>* logprobs,
+                             std::string_view finish_reason, std::string_view error,
+                             const Usage& usage) {
+  json choice = {{"index", 0}, {"finish_reason", std::string(finish_reason)}};
+  if (endpoint == Endpoint::Chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  choice["logprobs"] = logprobs ? logprobs_json(endpoint, *logprobs, 0) : json(nullptr);
+  if (!error.empty()) choice["error"] = choice_error(error);
+  return {{"id", meta.id},
+          {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(usage)}};
+}
+
+nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
+                            const std::string& text, const std::vector<TokenLogprobText>* logprobs,
+                            int64_t text_offset, std::string_view finish_reason,
+                            std::string_view error) {
+  json choice = {{"index", 0}};
+  if (endpoint == Endpoint::Chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || first) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = logprobs && !logprobs->empty()
+                           ? logprobs_json(endpoint, *logprobs, text_offset)
+                           : json(nullptr);
+  choice["finish_reason"] =
+      finish_reason.empty() ? json(nullptr) : json(std::string(finish_reason));
+  if (!error.empty()) choice["error"] = choice_error(error);
+  return {{"id", meta.id},
+          {"object", endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})}};
+}
+
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage) {
+  return {{"id", meta.id},
+          {"object", endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array()},
+          {"usage", usage_json(usage)}};
+}
+
+}  // namespace kvant::server

@@ -1,0 +1,97 @@
+// The OpenAI wire format for kvant's server: request bodies of
+// /v1/chat/completions and /v1/completions parsed and checked into a
+// ParsedRequest (or an ApiError naming the field, with its HTTP status), and
+// the JSON of responses, stream chunks and error objects. Pure functions over
+// strings and JSON: no sockets, no engine calls, no tokenization.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/server.h"
+
+namespace kvant::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" = null
+  std::string code;   // "" = null
+};
+// {"error": {"message", "type", "param", "code"}}
+std::string error_body(const ApiError& e);
+
+enum class Endpoint { Chat, Completion };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;
+  ChatMessages messages;            // chat
+  std::string prompt;               // completions, text prompt
+  std::vector<int32_t> prompt_ids;  // completions, a prompt given as token ids
+  bool prompt_is_ids = false;
+  SamplingParams sampling;
+  StopParams stop;
+  int32_t max_tokens = 0;  // 0: up to the context
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  std::string user;
+};
+
+// Parses and checks a request body; `model_name` is the one model served.
+// Unknown fields are ignored, as most OpenAI-compatible servers do.
+struct ParseOutcome {
+  std::optional<ParsedRequest> request;
+  ApiError error;
+};
+ParseOutcome parse_request(Endpoint endpoint, std::string_view body, const std::string& model_name);
+
+// One generated token's logprobs, as text, for the response.
+struct TokenLogprobText {
+  std::string token;  // the token's bytes (may be part of a UTF-8 character)
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+nlohmann::json usage_json(const Usage& u);
+
+// The logprobs object of a choice for these tokens (chat or legacy
+// completions layout); `text_offset` is where the first token's text begins
+// (completions only).
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobText>& tokens,
+                             int64_t text_offset);
+
+struct ResponseMeta {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+
+// A whole (non-streamed) response.
+nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                             const std::vector<TokenLogprobText>* logprobs,
+                             std::string_view finish_reason, std::string_view error,
+                             const Usage& usage);
+// One stream chunk: a text delta (first: with the assistant role), and/or a
+// finish; `logprobs` may be null.
+nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
+                            const std::string& text, const std::vector<TokenLogprobText>* logprobs,
+                            int64_t text_offset, std::string_view finish_reason,
+                            std::string_view error);
+// The last chunk when stream_options.include_usage: no choices, the usage.
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
+
+// JSON text that never throws on bytes that are not UTF-8 (they become U+FFFD).
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace kvant::server
