@@ -5,16 +5,21 @@
 // into FP16's exponent/mantissa fields (sign kept) is its value times 2^-8,
 // subnormals included; VCVTPH2PS widens exactly. The 2^8 is folded into the
 // per-token score factor and into the probabilities (exact powers of two), so
-// results equal decoding through numerics/fp8.h's tables. e4m3 NaN codes are
-// found per row with one byte compare per 64 codes; rows without one (all of
-// them, in practice) skip the per-element NaN select.
+// results equal decoding through numerics/fp8.h's tables. FP8 rows are read
+// 64 codes per load and widened by byte unpacks, which interleave elements
+// (Block64); q is permuted to match, so FP8 dot products sum their elements
+// in another order than BF16's (allowed by the contract). e4m3 NaN codes are
+// found with one byte compare per 64 codes; rows without one (all of them, in
+// practice) skip the per-element NaN select.
 //
 // Scores go 16 tokens at a time: each token's 16-lane partial dot product is
 // reduced together with the others' by a transpose-and-add tree (levels pair
 // lane l with l+8, l+4, l+2, l+1, as hsum does, so every token's sum is
-// bitwise hsum's), which leaves the 16 scores in one vector: one multiply by
-// the 16 tokens' factors (dynamic scales loaded 16 at a time) and one store.
-// The V sum is attn_weighted_sum's sequential FMA over t.
+// bitwise hsum's: BF16 scores stay attn_scores'), which leaves the 16 scores
+// in one vector: one multiply by the 16 tokens' factors (dynamic scales
+// loaded 16 at a time) and one store. The V sum is attn_weighted_sum's
+// sequential FMA over t; FP8 probabilities take their V scales 16 tokens at a
+// time inside that pass.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -332,33 +337,13 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
   }
 }
 
-// p[h, t] *= vs_t * kFold for every head (FP8 only), 16 tokens at a time.
-template <KvElem E>
-void scale_probs16(const PagedKv& kv, int64_t group, float* p) {
-  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
-  const __m512 fold = _mm512_set1_ps(kFold<E>);
-  int64_t pg = 0, i = 0;
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int nb = int(std::min<int64_t>(16, n - t0));
-    prefetch_next_scales(kv.v_scales, pg, i, kv);
-    const __mmask16 m = mask16(nb);
-    const __m512 vs = kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb)
-                                  : _mm512_set1_ps(kv.v_scale);
-    for (int64_t h = 0; h < group; ++h) {
-      float* ph = p + h * n + t0;
-      _mm512_mask_storeu_ps(ph, m,
-                            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), fold));
-    }
-    i += nb;
-    pg += i / pt, i %= pt;
-  }
-}
-
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 16 at a time.
-// FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order.
+// FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order. With
+// scale_p (FP8, first pass), p[h, t] *= vs_t * kFold 16 tokens ahead of their
+// use, so the V scales stream in with the V rows.
 template <KvElem E, int H, int C>
-void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
-                float* out) {
+void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
+                bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
   __mmask16 mc[C];
   __m512 acc[H][C];
@@ -368,8 +353,23 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
   for (int h = 0; h < H; ++h)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
-  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
-  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
+  const int64_t pt = kv.page_tokens, pages = (n + pt - 1) / pt;
+  int64_t pg = 0, i = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (E != KvElem::kBf16 && scale_p && t % 16 == 0) {
+      const int nb = int(std::min<int64_t>(16, n - t));
+      const __mmask16 m = mask16(nb);
+      const __m512 vs =
+          kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm512_set1_ps(kv.v_scale);
+#pragma GCC unroll 8
+      for (int h = 0; h < H; ++h) {
+        float* ph = p + h * n + t;
+        _mm512_mask_storeu_ps(
+            ph, m,
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), _mm512_set1_ps(kFold<E>)));
+      }
+    }
+    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
     if (pg + kPrefetchPages < pages)
       prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
@@ -396,7 +396,8 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
     }
-  });
+    if (++i == pt) i = 0, ++pg;
+  }
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h) {
     if constexpr (E == KvElem::kBf16) {
@@ -426,12 +427,11 @@ void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, floa
     scores_block<E, H, false>(q, hd, hd, scale, kv, s);
   }
   for (int h = 0; h < H; ++h) softmax(s + h * kv.n_tokens, kv.n_tokens);
-  if constexpr (E != KvElem::kBf16) scale_probs16<E>(kv, H, s);
   // H * C accumulators + C decoded chunks + 1 broadcast stay within 32
   // registers; FP8 takes whole 32- or 64-code blocks.
   constexpr int C = E == KvElem::kBf16 ? (H <= 6 ? 4 : 3) : (H <= 6 ? 4 : 2);
   for (int64_t d0 = 0; d0 < hd; d0 += 16 * C)
-    wsum_block<E, H, C>(s, hd, kv, d0, std::min<int64_t>(16 * C, hd - d0), out);
+    wsum_block<E, H, C>(s, hd, kv, d0, std::min<int64_t>(16 * C, hd - d0), out, d0 == 0);
 }
 
 template <KvElem E>
