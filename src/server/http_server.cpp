@@ -8,7 +8,10 @@
 // a wake-up to the I/O thread. A session waits for events on a steady_timer
 // that the posted handler cancels; it always looks at the queue before
 // waiting, so a wake-up that arrives while it is busy writing is not lost.
+// clang-format off
+#include <utility>  // before Asio: its awaitable.hpp uses std::exchange
 #include <boost/asio.hpp>
+// clang-format on
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
@@ -18,7 +21,6 @@
 #include <memory>
 #include <random>
 #include <unordered_set>
-#include <utility>  // before Asio: its awaitable.hpp uses std::exchange
 
 #include "server/engine_loop.h"
 #include "server/metrics.h"

@@ -348,6 +348,8 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
     }
   }
   if (auto u = rd.string("user")) r.user = *u;
+  // Not OpenAI's: keeps generating past end-of-generation tokens (benchmarks).
+  if (auto ie = rd.boolean("ignore_eos")) r.stop.ignore_eos = *ie;
   if (rd.err) return {std::nullopt, *rd.err};
   r.stop.max_tokens = r.max_tokens;
   out.request = std::move(r);

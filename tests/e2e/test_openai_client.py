@@ -1,0 +1,185 @@
+"""The official `openai` Python client against a real `kvant serve`:
+chat and completions, streamed and not, usage, stop sequences, seeded
+determinism, logprobs, /v1/models, the API key."""
+import math
+
+import openai
+import pytest
+
+from kvant_server import MODEL_ID, Server
+
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server("--api-key", API_KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_models(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == [MODEL_ID]
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=24,
+                                       temperature=0)
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-")
+    assert r.model == MODEL_ID
+    assert r.created > 0
+    c = r.choices[0]
+    assert c.message.role == "assistant"
+    assert "Paris" in c.message.content
+    assert c.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 5
+    assert 0 < r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_length(client):
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES,
+                                       max_completion_tokens=3, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 3
+
+
+def test_chat_stream_matches_plain(client):
+    plain = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=24,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=MESSAGES,
+                                                 max_tokens=24, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and
+                c.choices[0].finish_reason]
+    assert finishes == [plain.choices[0].finish_reason]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_stream_without_usage(client):
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4,
+                                                 stream=True))
+    assert all(c.usage is None for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_completions(client):
+    r = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                  max_tokens=8, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert len(r.choices[0].text) > 0
+    assert r.usage.completion_tokens <= 8
+    s = list(client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                       max_tokens=8, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
+
+
+def test_completions_token_prompt(client):
+    r = client.completions.create(model=MODEL_ID, prompt=[504, 3575, 282], max_tokens=4,
+                                  temperature=0)
+    assert r.usage.prompt_tokens == 3
+
+
+def test_stop_sequences(client):
+    base = client.completions.create(model=MODEL_ID, prompt="Count: 1, 2, 3, 4,", max_tokens=16,
+                                     temperature=0).choices[0].text
+    assert len(base) > 4
+    stop = base[2:4]
+    r = client.completions.create(model=MODEL_ID, prompt="Count: 1, 2, 3, 4,", max_tokens=16,
+                                  temperature=0, stop=stop)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == base[:base.index(stop)]
+    r2 = client.completions.create(model=MODEL_ID, prompt="Count: 1, 2, 3, 4,", max_tokens=16,
+                                   temperature=0, stop=["zzzz", stop])
+    assert r2.choices[0].text == r.choices[0].text
+    # Streamed, the stop string never shows either.
+    s = list(client.completions.create(model=MODEL_ID, prompt="Count: 1, 2, 3, 4,",
+                                       max_tokens=16, temperature=0, stop=[stop], stream=True))
+    assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
+
+
+def test_seeded_determinism(client):
+    kw = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}],
+              max_tokens=32, temperature=1.0, top_p=0.95,
+              extra_body={"top_k": 50, "min_p": 0.01})
+    a = client.chat.completions.create(seed=1234, **kw).choices[0].message.content
+    b = client.chat.completions.create(seed=1234, **kw).choices[0].message.content
+    s = list(client.chat.completions.create(seed=1234, stream=True, **kw))
+    c = "".join(x.choices[0].delta.content or "" for x in s if x.choices)
+    assert a == b == c
+    others = {client.chat.completions.create(seed=seed, **kw).choices[0].message.content
+              for seed in (1, 2, 3)}
+    assert len(others | {a}) > 1
+
+
+def test_penalties_and_user(client):
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=16,
+                                       temperature=0, presence_penalty=1.5,
+                                       frequency_penalty=1.0, user="someone", n=1)
+    assert r.choices[0].message.content
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=8,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    text = "".join(t.token for t in content)
+    assert r.choices[0].message.content.startswith(text.rstrip()[:5])
+    for t in content:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert math.isclose(t.logprob, t.top_logprobs[0].logprob, abs_tol=1e-5)
+        lps = [x.logprob for x in t.top_logprobs]
+        assert lps == sorted(lps, reverse=True)
+        assert bytes(t.bytes) == t.token.encode()
+    s = list(client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=8,
+                                            temperature=0, logprobs=True, top_logprobs=3,
+                                            stream=True))
+    streamed = [t for c in s if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-6)
+               for a, b in zip(streamed, content))
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                  max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+
+
+def test_wrong_key(server):
+    bad = openai.OpenAI(base_url=server.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_bad_request_is_reported(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, temperature=5)
+    assert "temperature" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=MESSAGES)
