@@ -2,14 +2,16 @@
 // structure at 8 lanes. FP8 is decoded through FP16 by bit manipulation
 // (e5m2 is FP16's top byte; e4m3 shifted into FP16's fields is its value
 // times 2^-8, the 2^8 folded into the per-token factors) and widened with
-// F16C's VCVTPH2PS, exactly; e4m3 NaN codes are found per row (one byte
-// compare per 32 codes) and rows without one skip the per-element NaN select.
+// F16C's VCVTPH2PS, exactly. e4m3 NaN codes: scores find them per row (one
+// byte compare per 32 codes; rows without one skip the per-element select),
+// the weighted sum selects per element (as cheap there as a row check).
 // Scores go 8 tokens at a time for blocks of up to 4 heads: the tokens' 8-lane
 // partial dot products are reduced together by a transpose-and-add tree whose
 // levels pair lane l with l+4, l+2, l+1 (avx2::hsum's tree, so every score is
 // bitwise attn_scores'), then scaled by the 8 tokens' factors in one multiply.
 // The weighted sum reads each V row once per block of up to 4 heads (16
-// registers) and is the sequential FMA over t of attn_weighted_sum.
+// registers) and is the sequential FMA over t of attn_weighted_sum; FP8
+// probabilities take their V scales 8 tokens at a time inside that pass.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -200,37 +202,33 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
   }
 }
 
-// p[h, t] *= vs_t * kFold for every head (FP8 only), 8 tokens at a time.
-template <KvElem E>
-void scale_probs8(const PagedKv& kv, int64_t group, float* p) {
-  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
-  const __m256 fold = _mm256_set1_ps(kFold<E>);
-  int64_t pg = 0, i = 0;
-  for (int64_t t0 = 0; t0 < n; t0 += 8) {
-    const int nb = int(std::min<int64_t>(8, n - t0));
-    prefetch_next_scales(kv.v_scales, pg, i, kv);
-    const __m256 vs =
-        kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
-    for (int64_t h = 0; h < group; ++h) {
-      float* ph = p + h * n + t0;
-      store_part(ph, _mm256_mul_ps(_mm256_mul_ps(load_part(ph, nb), vs), fold), nb);
-    }
-    i += nb;
-    pg += i / pt, i %= pt;
-  }
-}
-
+// out[h * hd + d0 .. d0 + width) for heads [0, H). With scale_p (FP8, first
+// pass), p[h, t] *= vs_t * kFold 8 tokens ahead of their use, so the V scales
+// stream in with the V rows.
 template <KvElem E, int H, int C>
-void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
-                float* out) {
+void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
+                bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
   __m256 acc[H][C];
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
-  const int64_t pages = (n + kv.page_tokens - 1) / kv.page_tokens;
-  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
+  const int64_t pt = kv.page_tokens, pages = (n + pt - 1) / pt;
+  int64_t pg = 0, i = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (E != KvElem::kBf16 && scale_p && t % 8 == 0) {
+      const int nb = int(std::min<int64_t>(8, n - t));
+      const __m256 vs =
+          kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h) {
+        float* ph = p + h * n + t;
+        store_part(ph, _mm256_mul_ps(_mm256_mul_ps(load_part(ph, nb), vs), _mm256_set1_ps(kFold<E>)),
+                   nb);
+      }
+    }
+    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
     if (pg + kPrefetchPages < pages)
       prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
@@ -246,7 +244,8 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[h][c] = _mm256_fmadd_ps(w, v[c], acc[h][c]);
     }
-  });
+    if (++i == pt) i = 0, ++pg;
+  }
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h)
 #pragma GCC unroll 8
@@ -255,11 +254,11 @@ void wsum_block(const float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64
 }
 
 template <KvElem E, int H>
-void wsum_heads(const float* p, int64_t hd, const PagedKv& kv, float* out) {
+void wsum_heads(float* p, int64_t hd, const PagedKv& kv, float* out) {
   // H * C accumulators + C decoded chunks + 1 broadcast within 16 registers.
   constexpr int C = H <= 2 ? 4 : (H == 3 ? 3 : 2);
   for (int64_t d0 = 0; d0 < hd; d0 += 8 * C)
-    wsum_block<E, H, C>(p, hd, kv, d0, std::min<int64_t>(8 * C, hd - d0), out);
+    wsum_block<E, H, C>(p, hd, kv, d0, std::min<int64_t>(8 * C, hd - d0), out, d0 == 0);
 }
 
 template <KvElem E>
@@ -285,9 +284,8 @@ void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& 
     }
   }
   for (int64_t h = 0; h < group; ++h) softmax(scratch + h * n, n);
-  if constexpr (E != KvElem::kBf16) scale_probs8<E>(kv, group, scratch);
   for (int64_t h0 = 0; h0 < group; h0 += 4) {
-    const float* pb = scratch + h0 * n;
+    float* pb = scratch + h0 * n;
     float* ob = out + h0 * hd;
     switch (std::min<int64_t>(4, group - h0)) {
       case 1:
