@@ -318,7 +318,7 @@ int run_batch_bench(const BenchOpts& o) {
 void register_bench(CLI::App& app) {
   static BenchOpts o;
   auto* cmd = app.add_subcommand("bench", "Measure prefill and decode throughput");
-  cmd->add_option("-m,--model", o.model, "GGUF file or Hugging Face directory")->required();
+  cmd->add_option("-m,--model", o.model, "GGUF file or Hugging Face directory (required)");
   cmd->add_option("--prompt-tokens", o.prompt_tokens, "tokens in the prefill batch")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gen-tokens", o.gen_tokens, "decode steps")->check(CLI::Range(0, 1 << 20));
@@ -339,7 +339,16 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")
       ->check(CLI::Range(1, 4096));
-  cmd->callback([] { set_exit_code(run_bench(o)); });
+  register_bench_serve(*cmd);
+  cmd->callback([cmd] {
+    if (cmd->got_subcommand("serve")) return;  // `kvant bench serve` ran on its own
+    if (o.model.empty()) {
+      std::fprintf(stderr, "kvant bench: -m/--model is required (or use `kvant bench serve`)\n");
+      set_exit_code(2);
+      return;
+    }
+    set_exit_code(run_bench(o));
+  });
 }
 
 }  // namespace kvant::cli
