@@ -1,0 +1,150 @@
+// The OpenAI request parser and response JSON, without a network or model.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include "server/metrics.h"
+
+namespace kvant::server {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kModel = "m";
+
+ParseOutcome chat(const json& extra) {
+  json j = {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  j.update(extra);
+  return parse_request(Endpoint::Chat, j.dump(), kModel);
+}
+
+ParseOutcome comp(const json& extra) {
+  json j = {{"model", kModel}, {"prompt", "hi"}};
+  j.update(extra);
+  return parse_request(Endpoint::Completion, j.dump(), kModel);
+}
+
+TEST(OpenAiApi, ChatDefaultsAndFields) {
+  auto r = chat({{"max_completion_tokens", 7},
+                 {"temperature", 0.5},
+                 {"top_p", 0.9},
+                 {"top_k", 40},
+                 {"min_p", 0.05},
+                 {"seed", 42},
+                 {"stop", "x"},
+                 {"presence_penalty", 1},
+                 {"frequency_penalty", -1},
+                 {"logprobs", true},
+                 {"top_logprobs", 3},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}},
+                 {"user", "u"}});
+  ASSERT_TRUE(r.request) << r.error.message;
+  const ParsedRequest& p = *r.request;
+  EXPECT_EQ(p.max_tokens, 7);
+  EXPECT_EQ(p.stop.max_tokens, 7);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
+  EXPECT_EQ(p.sampling.top_k, 40);
+  EXPECT_EQ(p.sampling.seed, 42u);
+  EXPECT_EQ(p.stop.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(p.logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 3);
+  EXPECT_TRUE(p.stream && p.include_usage);
+  ASSERT_EQ(p.messages.size(), 1u);
+  EXPECT_EQ(p.messages[0].first, "user");
+  auto d = chat(json::object());
+  ASSERT_TRUE(d.request);
+  EXPECT_FLOAT_EQ(d.request->sampling.temperature, 1.f);  // OpenAI's default
+  EXPECT_EQ(d.request->max_tokens, 0);
+}
+
+TEST(OpenAiApi, SeedZeroStaysFixed) {
+  auto r = chat({{"seed", 0}});
+  ASSERT_TRUE(r.request);
+  EXPECT_NE(r.request->sampling.seed, 0u);
+}
+
+TEST(OpenAiApi, CompletionPrompts) {
+  auto a = comp({{"prompt", {1, 2, 3}}});
+  ASSERT_TRUE(a.request);
+  EXPECT_TRUE(a.request->prompt_is_ids);
+  EXPECT_EQ(a.request->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  auto b = comp({{"prompt", {"text"}}});
+  ASSERT_TRUE(b.request);
+  EXPECT_EQ(b.request->prompt, "text");
+  auto c = comp({{"logprobs", 2}});
+  ASSERT_TRUE(c.request);
+  EXPECT_TRUE(c.request->logprobs);
+  EXPECT_EQ(c.request->top_logprobs, 2);
+}
+
+TEST(OpenAiApi, ErrorsNameTheField) {
+  struct Case {
+    ParseOutcome got;
+    int status;
+    const char* param;
+  };
+  const Case cases[] = {
+      {chat({{"temperature", 3}}), 400, "temperature"},
+      {chat({{"top_p", 0}}), 400, "top_p"},
+      {chat({{"max_tokens", "5"}}), 400, "max_tokens"},
+      {chat({{"n", 3}}), 400, "n"},
+      {chat({{"stop", {1}}}), 400, "stop"},
+      {chat({{"top_logprobs", 2}}), 400, "top_logprobs"},
+      {chat({{"model", "other"}}), 404, "model"},
+      {chat({{"messages", json::array()}}), 400, "messages"},
+      {comp({{"prompt", {"a", "b"}}}), 400, "prompt"},
+      {comp({{"logprobs", 9}}), 400, "logprobs"},
+  };
+  for (const auto& c : cases) {
+    ASSERT_FALSE(c.got.request) << c.param;
+    EXPECT_EQ(c.got.error.status, c.status) << c.param;
+    EXPECT_EQ(c.got.error.param, c.param);
+  }
+  auto bad = parse_request(Endpoint::Chat, "{\"model\": \"m\", \"messages\": \"\xff\"}", kModel);
+  ASSERT_FALSE(bad.request);
+  EXPECT_NE(bad.error.message.find("UTF-8"), std::string::npos);
+  auto j = json::parse(error_body(bad.error));
+  EXPECT_TRUE(j["error"].contains("message") && j["error"].contains("type") &&
+              j["error"].contains("param") && j["error"].contains("code"));
+}
+
+TEST(OpenAiApi, ResponsesAndChunks) {
+  ResponseMeta meta{"chatcmpl-1", 5, "m"};
+  Usage u{10, 3, 4};
+  std::vector<TokenLogprobText> lps = {{"a", -0.5f, {{"a", -0.5f}, {"b", -1.f}}}};
+  auto full = full_response(Endpoint::Chat, meta, "hey", &lps, "error", "page changed", u);
+  EXPECT_EQ(full["object"], "chat.completion");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "hey");
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "error");
+  EXPECT_EQ(full["choices"][0]["error"]["message"], "page changed");
+  EXPECT_EQ(full["usage"]["total_tokens"], 13);
+  EXPECT_EQ(full["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_EQ(full["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
+  auto first = stream_chunk(Endpoint::Chat, meta, true, "", nullptr, 0, "", "");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  auto c = stream_chunk(Endpoint::Completion, meta, false, "xy", &lps, 7, "", "");
+  EXPECT_EQ(c["choices"][0]["logprobs"]["text_offset"][0], 7);
+  EXPECT_EQ(usage_chunk(Endpoint::Chat, meta, u)["choices"].size(), 0u);
+  // Bytes that are not UTF-8 never make the dump throw.
+  EXPECT_NO_THROW(dump_json(json{{"t", std::string("\xe2\x82")}}));
+}
+
+TEST(ServerMetrics, PrometheusText) {
+  Metrics m;
+  EngineStats s;
+  s.kv_pages_total = 10;
+  s.kv_pages_used = 4;
+  s.kv_pages_cached = 3;
+  m.set_engine(s);
+  m.ttft.observe(0.02);
+  m.count_finish("stop");
+  const std::string t = m.render({});
+  EXPECT_NE(t.find("kvant_kv_pages_active 1\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("kvant_time_to_first_token_seconds_bucket{le=\"0.025\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("kvant_requests_finished_total{reason=\"stop\"} 1\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvant::server
