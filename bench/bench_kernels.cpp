@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/kernels.h"
 #include "numerics/bf16.h"
+#include "numerics/bf16.h"
 
 namespace {
 
@@ -201,21 +202,22 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels
   constexpr int64_t kPages = kTokens / kPage;
   const int64_t eb = elem == kvant::kernels::KvElem::kBf16 ? 2 : 1;
   const bool fp8 = eb == 1, dyn = fp8 && dynamic_scales;
-  const int64_t block = kPage * kKvHeads * kHd * eb, sblock = fp8 ? kPage * kKvHeads * 4 : 0;
+  // Dynamic scales: BF16, [page_tokens, kv_heads] per block, padded to 64 bytes.
+  const int64_t block = kPage * kKvHeads * kHd * eb, sblock = dyn ? (kPage * kKvHeads * 2 + 63) / 64 * 64 : 0;
   const int64_t layer_bytes = 2 * block + 2 * sblock, page_bytes = kLayers * layer_bytes;
   AlignedBuffer<uint8_t> arena(size_t(kPages * page_bytes));
   uint64_t seed = 7;
   for (int64_t i = 0; i < kPages * page_bytes; ++i)
     arena.data()[i] = uint8_t(0x30 | (next(seed) & 0x0f));  // normal in every dtype
   for (int64_t p = 0; p < kPages; ++p)                      // scales: plausible positive values
-    for (int64_t l = 0; l < kLayers && fp8; ++l) {
-      float* sc =
-          reinterpret_cast<float*>(arena.data() + p * page_bytes + l * layer_bytes + 2 * block);
-      for (int64_t i = 0; i < 2 * kPage * kKvHeads; ++i) sc[i] = 0.01f;
+    for (int64_t l = 0; l < kLayers && dyn; ++l) {
+      auto* sc =
+          reinterpret_cast<uint16_t*>(arena.data() + p * page_bytes + l * layer_bytes + 2 * block);
+      for (int64_t i = 0; i < sblock; ++i) sc[i] = kvant::f32_to_bf16(0.01f);
     }
   // Pointer tables per (layer, kv head).
   std::vector<const uint8_t*> kp(size_t(kLayers * kKvHeads * kPages)), vp(kp.size());
-  std::vector<const float*> ksp(kp.size()), vsp(kp.size());
+  std::vector<const uint16_t*> ksp(kp.size()), vsp(kp.size());
   for (int64_t l = 0; l < kLayers; ++l)
     for (int64_t h = 0; h < kKvHeads; ++h)
       for (int64_t p = 0; p < kPages; ++p) {
@@ -223,8 +225,8 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels
         const uint8_t* base = arena.data() + p * page_bytes + l * layer_bytes;
         kp[i] = base + h * kHd * eb;
         vp[i] = base + block + h * kHd * eb;
-        ksp[i] = reinterpret_cast<const float*>(base + 2 * block) + h;
-        vsp[i] = reinterpret_cast<const float*>(base + 2 * block + sblock) + h;
+        ksp[i] = reinterpret_cast<const uint16_t*>(base + 2 * block) + h;
+        vsp[i] = reinterpret_cast<const uint16_t*>(base + 2 * block + sblock) + h;
       }
   std::vector<float> q(size_t(kGroup * kHd), 0.05f), out(q.size()),
       scratch(size_t(kGroup * kTokens));

@@ -339,7 +339,7 @@ Result<KvPlan> make_kv_plan(const KvCacheShape& shape, const KvPlanOptions& o) {
     r.scales = g.scale_mode;
     r.bytes_per_token = kv_bytes_per_token(*layout);
     r.scale_bytes_per_token = g.scale_mode == KvScaleMode::kDynamic
-                                  ? g.layers * streams * g.kv_heads * int64_t(sizeof(float))
+                                  ? g.layers * streams * g.kv_heads * kKvScaleBytes
                                   : 0;
     r.payload_bytes_per_token = layout->payload_bytes_per_token - r.scale_bytes_per_token;
     r.static_scale_bytes = g.scale_mode == KvScaleMode::kStatic

@@ -2,6 +2,8 @@
 #include "kvcache/kv_codec.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "numerics/bf16.h"
 #include "numerics/fp8.h"
@@ -16,10 +18,17 @@ float kv_dynamic_scale(KvDType dtype, const float* x, int64_t n) {
   }
   const float max_finite = kv_dtype_max_finite(dtype);
   if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
-  const float s = amax / max_finite;
+  float s = amax / max_finite;
   // amax below max_finite * FLT_MIN would underflow to a zero scale; the
   // smallest normal keeps decoding finite at a tiny loss for such rows.
-  return s > 0.0f ? s : 1.17549435e-38f;
+  if (!(s > 0.0f)) s = 1.17549435e-38f;
+  // Round up to BF16 (pages store the scale in 2 bytes): never below the
+  // exact scale, so amax / scale stays within the format.
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  if (b & 0xffffu) b = (b & 0xffff0000u) + 0x10000u;
+  std::memcpy(&s, &b, 4);
+  return s;
 }
 
 void kv_encode_row(KvDType dtype, const float* x, int64_t n, float scale, void* out) {

@@ -12,7 +12,8 @@
 namespace kvant {
 
 // Dynamic scale for one (token, head) row: amax / max_finite over the finite
-// entries, so the largest magnitude maps onto the format's largest code. A row
+// entries, rounded up to the next BF16 value (pages store it as BF16), so the
+// largest magnitude maps onto (nearly) the format's largest code. A row
 // with no finite non-zero entry gets 1 (any scale decodes zeros exactly, and 1
 // keeps x / scale finite). For MLA the row is the whole latent including its
 // RoPE part, so the one scale covers both uses of the row.

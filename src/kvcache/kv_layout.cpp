@@ -81,7 +81,7 @@ Result<KvLayout> make_kv_layout(const KvGeometry& g) {
   l.data_block_bytes = round_up(g.page_tokens * l.row_elems * l.elem_bytes, kKvBlockAlign);
   const bool dynamic = g.scale_mode == KvScaleMode::kDynamic;
   l.scale_block_bytes =
-      dynamic ? round_up(g.page_tokens * g.kv_heads * int64_t(sizeof(float)), kKvBlockAlign) : 0;
+      dynamic ? round_up(g.page_tokens * g.kv_heads * kKvScaleBytes, kKvBlockAlign) : 0;
   const int64_t streams = g.shared_kv ? 1 : 2;  // K only, or K and V
   // Order inside a layer: K data, V data, K scales, V scales. Data first so
   // the common (static/BF16) case has no holes, and a kernel that streams K
@@ -95,7 +95,7 @@ Result<KvLayout> make_kv_layout(const KvGeometry& g) {
   if (l.page_bytes > kMaxPageBytes)
     return make_error("kv geometry: one page would take " + std::to_string(l.page_bytes) +
                       " bytes (limit 2^34); use fewer page_tokens");
-  const int64_t scale_bytes_per_token = dynamic ? g.kv_heads * int64_t(sizeof(float)) : 0;
+  const int64_t scale_bytes_per_token = dynamic ? g.kv_heads * kKvScaleBytes : 0;
   l.payload_bytes_per_token =
       g.layers * streams * (l.row_elems * l.elem_bytes + scale_bytes_per_token);
   return l;

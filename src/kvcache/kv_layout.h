@@ -45,6 +45,11 @@ struct KvGeometry {
 // cache-line-aligned blocks for the attention kernels.
 inline constexpr int64_t kKvBlockAlign = 64;
 
+// A dynamic scale is stored as BF16 (2 bytes): FP32's range, and rounded up
+// when computed so that x / scale never exceeds the format's largest value.
+// FP32 scales would cost 1.88x instead of 1.94x BF16 capacity on SmolLM2.
+inline constexpr int64_t kKvScaleBytes = 2;
+
 // Byte offsets inside one page. Layer l's K block starts at
 // l * layer_bytes + k_offset, and so on. With shared_kv, v_offset == k_offset
 // and v_scale_offset == k_scale_offset.
@@ -53,7 +58,7 @@ struct KvLayout {
   int64_t elem_bytes = 0;         // bytes per stored element
   int64_t row_elems = 0;          // kv_heads * head_dim, one token's K (or V)
   int64_t data_block_bytes = 0;   // [page_tokens, kv_heads, head_dim] elements, padded to 64
-  int64_t scale_block_bytes = 0;  // [page_tokens, kv_heads] FP32, padded to 64; 0 unless dynamic
+  int64_t scale_block_bytes = 0;  // [page_tokens, kv_heads] BF16, padded to 64; 0 unless dynamic
   int64_t k_offset = 0;
   int64_t v_offset = 0;
   int64_t k_scale_offset = 0;  // meaningful in dynamic mode only

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kvcache/kv_codec.h"
+#include "numerics/bf16.h"
 
 namespace kvant {
 namespace {
@@ -185,20 +186,20 @@ const void* PagePool::v_data(uint32_t page, int64_t layer) const {
   return arena_.data() + block_offset(page, layer) + layout_.v_offset;
 }
 
-float* PagePool::k_scales(uint32_t page, int64_t layer) {
+uint16_t* PagePool::k_scales(uint32_t page, int64_t layer) {
   if (layout_.scale_block_bytes == 0) return nullptr;
-  return reinterpret_cast<float*>(arena_.data() + block_offset(page, layer) +
+  return reinterpret_cast<uint16_t*>(arena_.data() + block_offset(page, layer) +
                                   layout_.k_scale_offset);
 }
-float* PagePool::v_scales(uint32_t page, int64_t layer) {
+uint16_t* PagePool::v_scales(uint32_t page, int64_t layer) {
   if (layout_.scale_block_bytes == 0) return nullptr;
-  return reinterpret_cast<float*>(arena_.data() + block_offset(page, layer) +
+  return reinterpret_cast<uint16_t*>(arena_.data() + block_offset(page, layer) +
                                   layout_.v_scale_offset);
 }
-const float* PagePool::k_scales(uint32_t page, int64_t layer) const {
+const uint16_t* PagePool::k_scales(uint32_t page, int64_t layer) const {
   return const_cast<PagePool*>(this)->k_scales(page, layer);
 }
-const float* PagePool::v_scales(uint32_t page, int64_t layer) const {
+const uint16_t* PagePool::v_scales(uint32_t page, int64_t layer) const {
   return const_cast<PagePool*>(this)->v_scales(page, layer);
 }
 
@@ -229,14 +230,14 @@ void PagePool::write_token(uint32_t page, int64_t slot, int64_t layer, const flo
     const float* x = s == 0 ? k : v;
     auto* dst = static_cast<uint8_t*>(s == 0 ? k_data(page, layer) : v_data(page, layer)) +
                 slot * row_bytes;
-    float* dyn = s == 0 ? k_scales(page, layer) : v_scales(page, layer);
+    uint16_t* dyn = s == 0 ? k_scales(page, layer) : v_scales(page, layer);
     const float* fixed = s == 0 ? static_k_scales(layer) : static_v_scales(layer);
     for (int64_t h = 0; h < g.kv_heads; ++h) {
       const float* xh = x + h * g.head_dim;
       float scale = 1.0f;
       if (g.scale_mode == KvScaleMode::kDynamic) {
         scale = kv_dynamic_scale(g.dtype, xh, g.head_dim);
-        dyn[slot * g.kv_heads + h] = scale;
+        dyn[slot * g.kv_heads + h] = f32_to_bf16(scale);  // exact: the scale is a BF16 value
       } else if (g.scale_mode == KvScaleMode::kStatic) {
         scale = fixed[h];
       }
@@ -257,12 +258,12 @@ void PagePool::read_token(uint32_t page, int64_t slot, int64_t layer, float* k, 
     const auto* src =
         static_cast<const uint8_t*>(s == 0 ? k_data(page, layer) : v_data(page, layer)) +
         slot * row_bytes;
-    const float* dyn = s == 0 ? k_scales(page, layer) : v_scales(page, layer);
+    const uint16_t* dyn = s == 0 ? k_scales(page, layer) : v_scales(page, layer);
     const float* fixed = s == 0 ? static_k_scales(layer) : static_v_scales(layer);
     for (int64_t h = 0; h < g.kv_heads; ++h) {
       float scale = 1.0f;
       if (g.scale_mode == KvScaleMode::kDynamic)
-        scale = dyn[slot * g.kv_heads + h];
+        scale = bf16_to_f32(dyn[slot * g.kv_heads + h]);
       else if (g.scale_mode == KvScaleMode::kStatic)
         scale = fixed[h];
       kv_decode_row(g.dtype, src + h * head_bytes, g.head_dim, scale, out + h * g.head_dim);

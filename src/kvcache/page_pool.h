@@ -94,12 +94,12 @@ class PagePool {
   void* v_data(uint32_t page, int64_t layer);
   const void* k_data(uint32_t page, int64_t layer) const;
   const void* v_data(uint32_t page, int64_t layer) const;
-  // Dynamic mode: [page_tokens, kv_heads] FP32 scales inside the page;
-  // nullptr in the other modes. v_scales == k_scales with shared_kv.
-  float* k_scales(uint32_t page, int64_t layer);
-  float* v_scales(uint32_t page, int64_t layer);
-  const float* k_scales(uint32_t page, int64_t layer) const;
-  const float* v_scales(uint32_t page, int64_t layer) const;
+  // Dynamic mode: [page_tokens, kv_heads] BF16 scales (uint16 bits) inside
+  // the page; nullptr in the other modes. v_scales == k_scales with shared_kv.
+  uint16_t* k_scales(uint32_t page, int64_t layer);
+  uint16_t* v_scales(uint32_t page, int64_t layer);
+  const uint16_t* k_scales(uint32_t page, int64_t layer) const;
+  const uint16_t* v_scales(uint32_t page, int64_t layer) const;
   // Static mode: [kv_heads] scales of a layer; nullptr in the other modes.
   const float* static_k_scales(int64_t layer) const;
   const float* static_v_scales(int64_t layer) const;

@@ -2,6 +2,7 @@
 #include "model/kv_view.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "model/config.h"
 #include "numerics/bf16.h"
@@ -25,7 +26,7 @@ SeqKv::SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o) {
   if (o.elem != kernels::KvElem::kBf16) {
     fmt_.dynamic_scales = o.dynamic_scales;
     if (o.dynamic_scales) {
-      const int64_t sblock = round_up(fmt_.page_tokens * c.kv_heads * 4, 64);
+      const int64_t sblock = round_up(fmt_.page_tokens * c.kv_heads * 2, 64);
       fmt_.k_scale_offset = 2 * block;
       fmt_.v_scale_offset = 2 * block + sblock;
       fmt_.layer_bytes += 2 * sblock;
@@ -73,8 +74,13 @@ float kv_row_scale(kernels::KvElem elem, const float* x, int64_t n) {
                            : elem == kernels::KvElem::kFp8E5m2 ? kFp8E5m2Max
                                                                : 0.0f;
   if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
-  const float s = amax / max_finite;
-  return s > 0.0f ? s : 1.17549435e-38f;
+  float s = amax / max_finite;
+  if (!(s > 0.0f)) s = 1.17549435e-38f;
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  if (b & 0xffffu) b = (b & 0xffff0000u) + 0x10000u;  // round up to BF16
+  std::memcpy(&s, &b, 4);
+  return s;
 }
 
 }  // namespace kvant

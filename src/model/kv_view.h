@@ -21,7 +21,7 @@ struct ModelConfig;
 
 // Byte layout of one page, as kvcache/kv_layout.h computes it: layer l's K
 // block starts at l * layer_bytes + k_offset and holds [page_tokens, kv_heads,
-// head_dim] elements; dynamic FP8 scales are [page_tokens, kv_heads] FP32 at
+// head_dim] elements; dynamic FP8 scales are [page_tokens, kv_heads] BF16 at
 // k_scale_offset / v_scale_offset. With shared_kv (MLA) V is the K block.
 struct KvFormat {
   kernels::KvElem elem = kernels::KvElem::kBf16;
@@ -77,7 +77,8 @@ class SeqKv : public KvSpan {
 // nearest even; FP8 stores fp8(x / scale).
 void kv_store_row(kernels::KvElem elem, const float* x, int64_t n, float scale, void* out);
 // Dynamic per-(token, head) scale: amax over finite entries / the format's
-// largest finite value; 1 for an all-zero row; never below FLT_MIN.
+// largest finite value, rounded up to a BF16 value (pages store it in 2
+// bytes); 1 for an all-zero row; never below FLT_MIN.
 float kv_row_scale(kernels::KvElem elem, const float* x, int64_t n);
 
 }  // namespace kvant

@@ -333,8 +333,9 @@ void Model::store_kv(int64_t l, const Batch& b, int64_t T) {
         if (f.dynamic_scales) {
           ks = kv_row_scale(f.elem, kr + h * hd, hd);
           vs = kv_row_scale(f.elem, vr + h * hd, hd);
-          reinterpret_cast<float*>(page + f.k_scale_offset)[slot * c.kv_heads + h] = ks;
-          reinterpret_cast<float*>(page + f.v_scale_offset)[slot * c.kv_heads + h] = vs;
+          // Exact: kv_row_scale returns BF16 values.
+          reinterpret_cast<uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h] = f32_to_bf16(ks);
+          reinterpret_cast<uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h] = f32_to_bf16(vs);
         } else {
           ks = f.static_k[size_t(l * c.kv_heads + h)];
           vs = f.static_v[size_t(l * c.kv_heads + h)];
@@ -402,8 +403,8 @@ void Model::gather_kv(int64_t l, const Batch& b) {
         for (int64_t h = 0; h < c.kv_heads; ++h) {
           float ks, vs;
           if (f.dynamic_scales) {
-            ks = reinterpret_cast<const float*>(page + f.k_scale_offset)[slot * c.kv_heads + h];
-            vs = reinterpret_cast<const float*>(page + f.v_scale_offset)[slot * c.kv_heads + h];
+            ks = bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h]);
+            vs = bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h]);
           } else {
             ks = f.static_k[size_t(l * c.kv_heads + h)];
             vs = f.static_v[size_t(l * c.kv_heads + h)];
@@ -468,8 +469,8 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
       const int64_t eb = f.elem_bytes();
       const uint8_t** kp = ws.ptrs.data() + int64_t(tid) * 4 * ws.max_pages;
       const uint8_t** vp = kp + ws.max_pages;
-      const float** ksp = reinterpret_cast<const float**>(vp + ws.max_pages);
-      const float** vsp = ksp + ws.max_pages;
+      const uint16_t** ksp = reinterpret_cast<const uint16_t**>(vp + ws.max_pages);
+      const uint16_t** vsp = ksp + ws.max_pages;
       kernels::PagedKv kv;
       kv.elem = f.elem;
       kv.n_tokens = n;
@@ -492,9 +493,9 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
         vp[p] = page + f.v_offset + slot * f.row_bytes() + kvh * hd * eb;
         if (f.dynamic_scales) {
           ksp[p] =
-              reinterpret_cast<const float*>(page + f.k_scale_offset) + slot * c.kv_heads + kvh;
+              reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot * c.kv_heads + kvh;
           vsp[p] =
-              reinterpret_cast<const float*>(page + f.v_scale_offset) + slot * c.kv_heads + kvh;
+              reinterpret_cast<const uint16_t*>(page + f.v_scale_offset) + slot * c.kv_heads + kvh;
         }
       }
       kv.k_pages = kp;

@@ -61,9 +61,9 @@ struct Pages {
   KvElem elem;
   int64_t hd, page_tokens, n;
   std::vector<std::vector<uint8_t>> k, v;
-  std::vector<std::vector<float>> ks, vs;
+  std::vector<std::vector<uint16_t>> ks, vs;  // BF16 scale bits, as pages store them
   std::vector<const uint8_t*> kp, vp;
-  std::vector<const float*> ksp, vsp;
+  std::vector<const uint16_t*> ksp, vsp;
   PagedKv view;
 
   int64_t kHeads, kHead;
@@ -78,9 +78,9 @@ struct Pages {
     const float static_k = 2.5f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
     const float static_v = 3.f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
     auto fill = [&](std::vector<std::vector<uint8_t>>& blocks,
-                    std::vector<std::vector<float>>& sc_v, float static_s) {
+                    std::vector<std::vector<uint16_t>>& sc_v, float static_s) {
       blocks.assign(size_t(pages), std::vector<uint8_t>(size_t(pt * stride), 0xA5));
-      sc_v.assign(size_t(pages), std::vector<float>(size_t(pt * kHeads), -1.f));
+      sc_v.assign(size_t(pages), std::vector<uint16_t>(size_t(pt * kHeads), f32_to_bf16(-1.f)));
       for (int64_t t = 0; t < n; ++t) {
         std::vector<float> x(size_t(kHeads * hd));
         const float m = mag(rng);  // per-token magnitude, so dynamic scales differ
@@ -89,8 +89,10 @@ struct Pages {
         for (int64_t h = 0; h < kHeads; ++h) {
           float amax = 0;
           for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[size_t(h * hd + d)]));
-          const float s = sc == Scales::kDynamic ? amax / fp8_max(e) : static_s;
-          sc_v[size_t(t / pt)][size_t((t % pt) * kHeads + h)] = s;
+          // Dynamic scales are BF16 values (rounded to nearest here; any
+          // BF16 value is a valid scale for the kernel).
+          const float s = sc == Scales::kDynamic ? bf16_to_f32(f32_to_bf16(amax / fp8_max(e))) : static_s;
+          sc_v[size_t(t / pt)][size_t((t % pt) * kHeads + h)] = f32_to_bf16(s);
           for (int64_t d = 0; d < hd; ++d) {
             const float xi = x[size_t(h * hd + d)];
             if (e == KvElem::kBf16) {
@@ -134,11 +136,11 @@ struct Pages {
   }
   double kscale(int64_t t) const {
     if (elem == KvElem::kBf16) return 1;
-    return view.k_scales ? ksp[size_t(t / page_tokens)][(t % page_tokens) * kHeads] : view.k_scale;
+    return view.k_scales ? bf16_to_f32(ksp[size_t(t / page_tokens)][(t % page_tokens) * kHeads]) : view.k_scale;
   }
   double vscale(int64_t t) const {
     if (elem == KvElem::kBf16) return 1;
-    return view.v_scales ? vsp[size_t(t / page_tokens)][(t % page_tokens) * kHeads] : view.v_scale;
+    return view.v_scales ? bf16_to_f32(vsp[size_t(t / page_tokens)][(t % page_tokens) * kHeads]) : view.v_scale;
   }
 };
 

@@ -168,14 +168,19 @@ void expect_round_trip(const KvGeometry& g, std::vector<float> ks = {},
           float scale = 1.0f;
           if (g.scale_mode == KvScaleMode::kDynamic) {
             scale = kv_dynamic_scale(g.dtype, x, g.head_dim);
-            const float* stored =
+            const uint16_t* stored =
                 stream == 0 ? pool->k_scales(p.page, l) : pool->v_scales(p.page, l);
-            EXPECT_EQ(stored[s * g.kv_heads + h], scale);
+            EXPECT_EQ(bf16_to_f32(stored[s * g.kv_heads + h]), scale);
             const bool zero_row = s == 1 && (stream == 0 || g.shared_kv);
             if (!zero_row) {
               float amax = 0;
               for (int64_t i = 0; i < g.head_dim; ++i) amax = std::max(amax, std::fabs(x[i]));
-              EXPECT_EQ(scale, amax / kv_dtype_max_finite(g.dtype));
+              // amax / max_finite rounded up to BF16: at most 2^-7 above.
+              const float exact = amax / kv_dtype_max_finite(g.dtype);
+              EXPECT_GE(scale, exact);
+              EXPECT_LE(scale, exact * (1.0f + 1.0f / 128));
+              EXPECT_EQ(f32_to_bf16(scale), f32_to_bf16(scale) & 0xffff);
+              EXPECT_EQ(bf16_to_f32(f32_to_bf16(scale)), scale);
             } else {
               EXPECT_EQ(scale, 1.0f);
             }

@@ -182,7 +182,7 @@ TEST(PlanCapacity, DynamicScalesAreCountedPerToken) {
   const KvPlanRow& r = p.rows[1];
   EXPECT_EQ(r.scales, KvScaleMode::kDynamic);
   EXPECT_EQ(r.payload_bytes_per_token, 30 * 2 * 3 * 64);
-  EXPECT_EQ(r.scale_bytes_per_token, 30 * 2 * 3 * 4);  // FP32 per (token, layer, head, K/V)
+  EXPECT_EQ(r.scale_bytes_per_token, 30 * 2 * 3 * 2);  // BF16 per (token, layer, head, K/V)
   EXPECT_GE(r.bytes_per_token, double(r.payload_bytes_per_token + r.scale_bytes_per_token));
   EXPECT_EQ(r.static_scale_bytes, 0);
   EXPECT_LT(r.tokens, p.rows[0].tokens * 2);

@@ -40,16 +40,17 @@ enum class KvElem : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 // page_tokens at slot i = t % page_tokens; its K row (head_dim elements) starts
 // at k_pages[pg] + i * token_stride bytes, its V row likewise in v_pages
 // (v_pages may equal k_pages: MLA caches one latent row serving as K and V).
-// FP8 rows read as decode(code) * s, with s = k_scales[pg][i * scale_stride]
-// (dynamic, per token) when k_scales is set, else the static k_scale; V the
-// same with v_scales / v_scale. BF16 rows ignore every scale.
+// FP8 rows read as decode(code) * s, with s = bf16(k_scales[pg][i *
+// scale_stride]) (dynamic, per token: BF16 bits, as pages store them) when
+// k_scales is set, else the static k_scale; V the same with v_scales /
+// v_scale. BF16 rows ignore every scale.
 struct PagedKv {
   const uint8_t* const* k_pages = nullptr;  // [n_pages]
   const uint8_t* const* v_pages = nullptr;  // [n_pages]
   int64_t token_stride = 0;                 // bytes between consecutive slots' rows
-  const float* const* k_scales = nullptr;   // [n_pages] or nullptr (static)
-  const float* const* v_scales = nullptr;
-  int64_t scale_stride = 1;  // floats between consecutive slots' scales
+  const uint16_t* const* k_scales = nullptr;  // [n_pages] BF16 scales, or nullptr (static)
+  const uint16_t* const* v_scales = nullptr;
+  int64_t scale_stride = 1;  // scales between consecutive slots' scales
   float k_scale = 1.f, v_scale = 1.f;
   int64_t page_tokens = 16;
   int64_t n_tokens = 0;

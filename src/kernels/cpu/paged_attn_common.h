@@ -29,18 +29,26 @@ inline constexpr int64_t kPrefetchPages = 4;
 
 // Dynamic scales sit in a separate block of each page: at a page's first slot,
 // ask for the scales kPrefetchPages pages on (a few lines) so later reads hit.
-inline void prefetch_next_scales(const float* const* scales, int64_t pg, int64_t i,
+inline void prefetch_next_scales(const uint16_t* const* scales, int64_t pg, int64_t i,
                                  const PagedKv& kv) {
   if (!scales || i != 0 || (pg + kPrefetchPages) * kv.page_tokens >= kv.n_tokens) return;
-  for (int64_t b = 0; b < kv.page_tokens * kv.scale_stride; b += 16)
+  for (int64_t b = 0; b < kv.page_tokens * kv.scale_stride; b += 32)
     __builtin_prefetch(scales[pg + kPrefetchPages] + b);
 }
 
+// A stored BF16 scale as FP32 (exact).
+inline float scale_value(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
 inline float k_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
-  return kv.k_scales ? kv.k_scales[pg][i * kv.scale_stride] : kv.k_scale;
+  return kv.k_scales ? scale_value(kv.k_scales[pg][i * kv.scale_stride]) : kv.k_scale;
 }
 inline float v_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
-  return kv.v_scales ? kv.v_scales[pg][i * kv.scale_stride] : kv.v_scale;
+  return kv.v_scales ? scale_value(kv.v_scales[pg][i * kv.scale_stride]) : kv.v_scale;
 }
 
 // p[h, t] *= vs_t * extra for every head (FP8 only). `extra` is a power of two

@@ -83,14 +83,19 @@ constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 template <KvElem E>
 constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 
+// 8 BF16 scales (uint16 bits) -> FP32, exact.
+inline __m256 bf16x8_to_ps(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
-inline __m256 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
+inline __m256 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
   const int64_t ss = kv.scale_stride;
-  alignas(32) float tmp[8] = {};
+  alignas(16) uint16_t tmp[8] = {};
   if (i + nb <= kv.page_tokens) {  // one page
-    const float* b = sc[pg] + i * ss;
-    if (ss == 1) return load_part(b, nb);
+    const uint16_t* b = sc[pg] + i * ss;
+    if (ss == 1 && nb == 8) return bf16x8_to_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
     // Strided: scalar loads (a gather is slower on CPUs with the GDS mitigation).
     if (nb == 8) {
 #pragma GCC unroll 8
@@ -98,13 +103,13 @@ inline __m256 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg
     } else {
       for (int j = 0; j < nb; ++j) tmp[j] = b[j * ss];
     }
-    return _mm256_load_ps(tmp);
+    return bf16x8_to_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
   }
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
     if (++i == kv.page_tokens) i = 0, ++pg;
   }
-  return _mm256_load_ps(tmp);
+  return bf16x8_to_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
 }
 
 // The reduction tree: inputs are per-token 8-lane partial sums. Each level

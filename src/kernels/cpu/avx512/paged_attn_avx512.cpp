@@ -175,34 +175,39 @@ constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 template <KvElem E>
 constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
 
+// 16 BF16 scales (uint16 bits) -> FP32, exact.
+inline __m512 bf16x16_to_ps(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Scales of tokens t0 .. t0+nb-1 (token t0 at page pg, slot i); lanes past nb are 0.
-inline __m512 block_scales(const float* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
+inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t pg, int64_t i,
                            int nb) {
   const int64_t ss = kv.scale_stride;
   if (i + nb <= kv.page_tokens && ss <= 4) {
     // One page, small stride (scales of a few KV heads side by side): load the
-    // span, up to 64 floats, and pick every ss-th (no gather: slow on CPUs
-    // with the GDS mitigation).
-    const float* b = sc[pg] + i * ss;
-    if (ss == 1) return _mm512_maskz_loadu_ps(mask16(nb), b);
+    // span, up to 64 scales, and pick every ss-th with one permute (no
+    // gather: slow on CPUs with the GDS mitigation).
+    const uint16_t* b = sc[pg] + i * ss;
+    if (ss == 1) return bf16x16_to_ps(_mm256_maskz_loadu_epi16(mask16(nb), b));
     const int64_t len = (nb - 1) * ss + 1;
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(int(ss)));
-    const __m512 lo = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mask16(len), b), idx,
-                                             _mm512_maskz_loadu_ps(mask16(len - 16), b + 16));
-    if (len <= 32) return lo;
-    const __m512 hi = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mask16(len - 32), b + 32), idx,
-                                             _mm512_maskz_loadu_ps(mask16(len - 48), b + 48));
-    return _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32)), lo, hi);
+    const __mmask32 m0 = len >= 32 ? ~__mmask32(0) : __mmask32((uint32_t(1) << len) - 1);
+    const __mmask32 m1 = len <= 32 ? __mmask32(0) : __mmask32((uint32_t(1) << (len - 32)) - 1);
+    alignas(64) static const uint16_t kLane[32] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10,
+                                                   11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                                   22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+    const __m512i idx = _mm512_mullo_epi16(_mm512_load_si512(kLane), _mm512_set1_epi16(short(ss)));
+    const __m512i picked = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi16(m0, b), idx,
+                                                     _mm512_maskz_loadu_epi16(m1, b + 32));
+    return bf16x16_to_ps(_mm512_castsi512_si256(picked));
   }
   // Otherwise scalar loads.
-  alignas(64) float tmp[16] = {};
+  alignas(32) uint16_t tmp[16] = {};
   for (int j = 0; j < nb; ++j) {
     tmp[j] = sc[pg][i * kv.scale_stride];
     if (++i == kv.page_tokens) i = 0, ++pg;
   }
-  return _mm512_load_ps(tmp);
+  return bf16x16_to_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tmp)));
 }
 
 // The reduction tree. Inputs are per-token 16-lane partial sums; outputs hold
