@@ -31,6 +31,11 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
                 "skip the per-step KV integrity pass (to measure its cost)");
   cmd->add_flag("--prefix-checksums", f.prefix_checksums,
                 "XXH3 checksums of shared pages, checked on reuse");
+  cmd->add_flag("--debug-invariants", f.debug_invariants,
+                "check page pool, tables and prefix index invariants after every step (slow)");
+  cmd->add_option("--debug-inject-faults", f.debug_inject_faults,
+                  "debug: every N steps free a running request's page behind its back (0 = off)")
+      ->check(CLI::Range(0, 1 << 30));
 }
 
 Result<KvDType> parse_kv_dtype(const std::string& s) {
@@ -70,6 +75,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.integrity_checks = !f.no_integrity;
   o.prefix_checksums = f.prefix_checksums;
   o.debug_invariants = f.debug_invariants;
+  o.debug_fault_interval = f.debug_inject_faults;
   return o;
 }
 

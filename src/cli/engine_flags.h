@@ -26,6 +26,7 @@ struct EngineFlags {
   bool no_integrity = false;
   bool prefix_checksums = false;
   bool debug_invariants = false;
+  int debug_inject_faults = 0;
 };
 
 // `with_model` false when the command registers -m itself.

@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "engine/scheduler.h"
 #include "io/gguf.h"
+#include "kvcache/fault_injector.h"
 #include "kvcache/kv_verifier.h"
 #include "kvcache/page_pool.h"
 #include "kvcache/prefix_index.h"
@@ -384,6 +385,18 @@ Result<bool> Engine::step() {
   admit_inbox();
   auto& I = *impl_;
   auto& S = I.stats;
+  if (options_.debug_fault_interval > 0 && (S.steps + 1) % options_.debug_fault_interval == 0) {
+    // Debug fault: the youngest running request's last page is freed while
+    // its table still lists it (it may be reallocated in this very step).
+    for (auto it = I.reqs.rbegin(); it != I.reqs.rend(); ++it) {
+      PageTable* t =
+          it->second->done ? nullptr : scheduler_->table_for_fault_injection(it->second->seq);
+      if (t == nullptr || t->pages.empty()) continue;
+      FaultInjector fi(*pool_);
+      if (fi.free_while_referenced(*t, t->pages.size() - 1).ok()) ++S.faults_injected;
+      break;
+    }
+  }
   const StepPlan& plan = scheduler_->schedule();
   if (plan.empty()) {
     KV_TRY(scheduler_->commit({}));

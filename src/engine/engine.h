@@ -67,6 +67,10 @@ struct EngineOptions {
   // Check pool, tables and index invariants after every step (tests, debug).
   bool debug_invariants = false;
   bool log_capacity = true;  // one line on stderr at start-up
+  // Debug only, off by default: every N steps, free one page of a running
+  // request behind its back (as a use-after-free bug would), so the
+  // integrity pass can be watched catching it end to end.
+  int64_t debug_fault_interval = 0;
 };
 
 // One event per sampled token, and one final event (finish != None) that may
@@ -95,7 +99,7 @@ struct Request {
 struct EngineStats {
   int64_t running = 0, waiting = 0;
   int64_t kv_pages_total = 0, kv_pages_used = 0, kv_pages_peak = 0;
-  int64_t kv_pages_cached = 0;  // held by the prefix index (all of kv_pages_used when idle)
+  int64_t kv_pages_cached = 0;    // held by the prefix index (all of kv_pages_used when idle)
   int64_t prompt_tokens = 0;      // computed prompt tokens (prefill work)
   int64_t generated_tokens = 0;   // sampled tokens
   int64_t requests_finished = 0;  // every reason
@@ -104,7 +108,8 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0, prefix_lookup_tokens = 0;
   int64_t integrity_passes = 0, integrity_checks = 0, integrity_violations = 0;
-  int64_t pages_repaired = 0;  // pool pages fixed up after integrity failures
+  int64_t pages_repaired = 0;   // pool pages fixed up after integrity failures
+  int64_t faults_injected = 0;  // debug_fault_interval
   int64_t steps = 0;
   double forward_seconds = 0, verify_seconds = 0;
 };
