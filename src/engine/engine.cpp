@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 
 #include "core/check.h"
@@ -166,7 +167,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   if (o.max_step_tokens <= 0 || o.max_running <= 0)
     return make_error("engine: max_step_tokens and max_running must be positive");
 
-  auto m = Model::load(o.model_path);
+  // Load on a thread of its own. Its OpenMP workers go away with it, so the
+  // caller's thread keeps no idle team: a server that creates the engine on
+  // its I/O thread and steps it on another saw decode take twice as long on
+  // two cores while such a team existed (see docs/BENCHMARKS.md, Serving).
+  Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
+  std::thread loader([&] {
+    if (o.threads > 0) set_num_threads(o.threads);
+    m = Model::load(o.model_path);
+  });
+  loader.join();
   if (!m) return m.error();
   e->model_ = std::move(*m);
   auto t = load_tokenizer_for(o.tokenizer_path.empty() ? o.model_path : o.tokenizer_path,
@@ -382,6 +392,9 @@ void Engine::admit_inbox() {
 }
 
 Result<bool> Engine::step() {
+  // OpenMP's thread count is per calling thread; the stepping thread may not
+  // be the one that created the engine.
+  if (options_.threads > 0 && num_threads() != options_.threads) set_num_threads(options_.threads);
   admit_inbox();
   auto& I = *impl_;
   auto& S = I.stats;
