@@ -334,8 +334,10 @@ void Model::store_kv(int64_t l, const Batch& b, int64_t T) {
           ks = kv_row_scale(f.elem, kr + h * hd, hd);
           vs = kv_row_scale(f.elem, vr + h * hd, hd);
           // Exact: kv_row_scale returns BF16 values.
-          reinterpret_cast<uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h] = f32_to_bf16(ks);
-          reinterpret_cast<uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h] = f32_to_bf16(vs);
+          reinterpret_cast<uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h] =
+              f32_to_bf16(ks);
+          reinterpret_cast<uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h] =
+              f32_to_bf16(vs);
         } else {
           ks = f.static_k[size_t(l * c.kv_heads + h)];
           vs = f.static_v[size_t(l * c.kv_heads + h)];
@@ -403,8 +405,10 @@ void Model::gather_kv(int64_t l, const Batch& b) {
         for (int64_t h = 0; h < c.kv_heads; ++h) {
           float ks, vs;
           if (f.dynamic_scales) {
-            ks = bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h]);
-            vs = bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h]);
+            ks = bf16_to_f32(
+                reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot * c.kv_heads + h]);
+            vs = bf16_to_f32(
+                reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[slot * c.kv_heads + h]);
           } else {
             ks = f.static_k[size_t(l * c.kv_heads + h)];
             vs = f.static_v[size_t(l * c.kv_heads + h)];
@@ -445,8 +449,10 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
       if (ws.gather_off[si] < 0) {
         for (int64_t h = 0; h < c.kv_heads; ++h) dec.push_back({int64_t(si), h, 0});
       } else {
-        for (int64_t i = 0; i < s.n_tokens; ++i)
-          for (int64_t h = 0; h < c.heads; ++h) pre.push_back({int64_t(si), t + i, h});
+        // Head-major: consecutive tasks read the same KV head's rows, so a
+        // thread's working set is one head's K and V (L2-sized at 4k tokens).
+        for (int64_t h = 0; h < c.heads; ++h)
+          for (int64_t i = 0; i < s.n_tokens; ++i) pre.push_back({int64_t(si), t + i, h});
       }
       t += s.n_tokens;
     }

@@ -49,6 +49,32 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(b);
 }
 
+// The reduction tree of 16 dot products at once (paged attention, attn_scores).
+// Inputs are per-token 16-lane partial sums; outputs hold
+// partial sums of several tokens. Each level adds lane l to lane l + w of the
+// same token (w = 8, 4, 2, 1: hsum's tree); the two addends come from one
+// blend (kept lanes) and one shuffle (the moved ones), or two shuffles.
+// [a0 (8 partials) | a1 (8)]
+inline __m512 tree1(__m512 a0, __m512 a1) {
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xff00, a0, a1),
+                       _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// [b0 = T0 | T1] [b1 = T2 | T3] -> [T0 | T1 | T2 | T3], 4 partials each.
+inline __m512 tree2(__m512 b0, __m512 b1) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+// [c0 = T0..T3] [c1 = T4..T7] -> block k: [T_k x2 | T_{k+4} x2].
+inline __m512 tree3(__m512 c0, __m512 c1) {
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xcccc, c0, c1),
+                       _mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+// [d0 = T0..T7] [d1 = T8..T15] -> lane 4k + m holds token k + 4m.
+inline __m512 tree4(__m512 d0, __m512 d1) {
+  return _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // exp(x) for FP32 lanes, Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6
 // polynomial, about 1 ulp on [-87.3, 88.3]. Results below FLT_MIN (x < -87.34,
 // -inf included) are 0; x > 88.38 saturates near FLT_MAX.

@@ -116,9 +116,46 @@ void softmax(float* x, int64_t n) {
 
 void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
                  float scale, float* scores) {
-  // Four rows at a time share the q loads; each row keeps its own accumulator
-  // and chunk order, the same as when it runs alone.
+  // Sixteen rows at a time: each row keeps its own accumulator and chunk
+  // order, and the sixteen 16-lane sums are reduced together by the tree of
+  // avx512_common.h, which adds lanes in hsum's order, so every score is
+  // bitwise what the row gives alone (and what paged_attn_decode gives).
+  const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sc = _mm512_set1_ps(scale);
   int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    __m512 b_even = _mm512_setzero_ps(), c_even = _mm512_setzero_ps(),
+           d_first = _mm512_setzero_ps();
+    __m512 e = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int pr = 0; pr < 8; ++pr) {
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+      const uint16_t* r0 = k + (t + 2 * pr) * ldk;
+      const uint16_t* r1 = r0 + ldk;
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        const __mmask16 m = mask16(head_dim - d);
+        const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+        acc0 = _mm512_fmadd_ps(qv, maskz_load_bf16(m, r0 + d), acc0);
+        acc1 = _mm512_fmadd_ps(qv, maskz_load_bf16(m, r1 + d), acc1);
+      }
+      const __m512 b = tree1(acc0, acc1);
+      if (pr % 2 == 0) {
+        b_even = b;
+        continue;
+      }
+      const __m512 cc = tree2(b_even, b);
+      if (pr % 4 == 1) {
+        c_even = cc;
+        continue;
+      }
+      const __m512 dd = tree3(c_even, cc);
+      if (pr == 3)
+        d_first = dd;
+      else
+        e = tree4(d_first, dd);
+    }
+    _mm512_storeu_ps(scores + t, _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e), sc));
+  }
   for (; t + 4 <= n; t += 4) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                      _mm512_setzero_ps()};

@@ -210,30 +210,7 @@ inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t
   return bf16x16_to_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tmp)));
 }
 
-// The reduction tree. Inputs are per-token 16-lane partial sums; outputs hold
-// partial sums of several tokens. Each level adds lane l to lane l + w of the
-// same token (w = 8, 4, 2, 1: hsum's tree); the two addends come from one
-// blend (kept lanes) and one shuffle (the moved ones), or two shuffles.
-// [a0 (8 partials) | a1 (8)]
-inline __m512 tree1(__m512 a0, __m512 a1) {
-  return _mm512_add_ps(_mm512_mask_blend_ps(0xff00, a0, a1),
-                       _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(1, 0, 3, 2)));
-}
-// [b0 = T0 | T1] [b1 = T2 | T3] -> [T0 | T1 | T2 | T3], 4 partials each.
-inline __m512 tree2(__m512 b0, __m512 b1) {
-  return _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-// [c0 = T0..T3] [c1 = T4..T7] -> block k: [T_k x2 | T_{k+4} x2].
-inline __m512 tree3(__m512 c0, __m512 c1) {
-  return _mm512_add_ps(_mm512_mask_blend_ps(0xcccc, c0, c1),
-                       _mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(1, 0, 3, 2)));
-}
-// [d0 = T0..T7] [d1 = T8..T15] -> lane 4k + m holds token k + 4m.
-inline __m512 tree4(__m512 d0, __m512 d1) {
-  return _mm512_add_ps(_mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_ps(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
+// The reduction tree (tree1..tree4): avx512_common.h.
 
 // s[h * n + t] for heads [0, H) of the block starting at q (row stride ldq).
 // Perm (FP8 only): q is permute_q's layout and rows are read as Block64s.
@@ -242,8 +219,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
                   float* s) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
-  const __m512i unshuffle =
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const float static_c = E == KvElem::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
   int64_t pg = 0, i = 0;  // where token t0 lives
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
@@ -256,7 +232,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
       for (int j = 0; j < nb; ++j) {
         rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
         if (p2 + kPrefetchPages < pages)
-        prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
+          prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
         if constexpr (E != KvElem::kBf16) {
           // The V scales too: the pass that reads them is too short to hide misses.
           prefetch_next_scales(kv.k_scales, p2, i2, kv);
@@ -334,8 +310,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
         const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[h]), c);
-        _mm512_mask_storeu_ps(s + h * n + t0, sm,
-                              _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
+        _mm512_mask_storeu_ps(s + h * n + t0, sm, _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
       }
       pg = p2, i = i2;
     }
@@ -369,9 +344,9 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
         float* ph = p + h * n + t;
-        _mm512_mask_storeu_ps(
-            ph, m,
-            _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), _mm512_set1_ps(kFold<E>)));
+        _mm512_mask_storeu_ps(ph, m,
+                              _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs),
+                                            _mm512_set1_ps(kFold<E>)));
       }
     }
     if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
