@@ -24,6 +24,10 @@ int64_t Batch::logit_rows() const {
 }
 
 namespace {
+// Prefill attention takes this many consecutive tokens of one head per task,
+// so each K and V row is read once for all of them (attn_*_multi).
+constexpr int64_t kPrefillQueries = 4;
+
 // A single-token chunk reads its pages directly; longer chunks (and soft-capped
 // attention, which the paged kernel does not do) gather BF16 rows.
 bool decodes_paged_impl(const ModelConfig& c, const SeqChunk& s) {
@@ -42,7 +46,7 @@ struct Model::Workspace {
   AlignedBuffer<float> x, h, qkv, attn, gu, act, out;
   AlignedBuffer<uint16_t> xb;
   AlignedBuffer<float> cos_g, sin_g, cos_l, sin_l;  // [T, hd/2]
-  AlignedBuffer<float> scores;                      // [threads, group * ctx]
+  AlignedBuffer<float> scores;                      // [threads, max(group, kPrefillQueries) * ctx]
   // Prefill attention reads BF16 rows gathered per sequence: [rows, kv_dim].
   AlignedBuffer<uint16_t> gk, gv;
   std::vector<int64_t> gather_off;     // [seqs]: first row of each chunk's gather, -1 = none
@@ -50,9 +54,10 @@ struct Model::Workspace {
   AlignedBuffer<const uint8_t*> ptrs;  // [threads, 4 * max_pages] page pointers for paged reads
   int64_t max_pages = 0, gather_rows = 0;
   struct Task {
-    int64_t seq;  // chunk index
-    int64_t a;    // decode: KV head; prefill: token index in the batch
-    int64_t b;    // prefill: query head
+    int64_t seq;    // chunk index
+    int64_t a;      // decode: KV head; prefill: token index in the batch
+    int64_t b;      // prefill: query head
+    int64_t n = 1;  // prefill: consecutive tokens of the chunk (one query each)
   };
   std::vector<Task> decode_tasks, prefill_tasks;
 };
@@ -128,7 +133,8 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
   }
   if (ctx > ws.ctx) {
     const int64_t group = cfg_.heads / cfg_.kv_heads;
-    ws.scores = AlignedBuffer<float>(size_t(num_threads() * group * ctx));
+    ws.scores = AlignedBuffer<float>(
+        size_t(num_threads() * std::max<int64_t>(group, kPrefillQueries) * ctx));
     ws.ctx = ctx;
   }
   if (max_pages > ws.max_pages) {
@@ -452,7 +458,8 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
         // Head-major: consecutive tasks read the same KV head's rows, so a
         // thread's working set is one head's K and V (L2-sized at 4k tokens).
         for (int64_t h = 0; h < c.heads; ++h)
-          for (int64_t i = 0; i < s.n_tokens; ++i) pre.push_back({int64_t(si), t + i, h});
+          for (int64_t i = 0; i < s.n_tokens; i += kPrefillQueries)
+            pre.push_back({int64_t(si), t + i, h, std::min(kPrefillQueries, s.n_tokens - i)});
       }
       t += s.n_tokens;
     }
@@ -463,7 +470,8 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_all > 1 && nt > 1)
   for (int64_t w = 0; w < n_all; ++w) {
     const int tid = omp_get_thread_num();
-    float* sc = ws.scores.data() + int64_t(tid) * group * ws.ctx;
+    float* sc =
+        ws.scores.data() + int64_t(tid) * std::max<int64_t>(group, kPrefillQueries) * ws.ctx;
     if (w < n_dec) {
       const auto& task = dec[size_t(w)];
       const auto& s = b.seqs[size_t(task.seq)];
@@ -516,23 +524,51 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
                           ws.attn.data() + t * qd + kvh * group * hd);
       continue;
     }
-    // Prefill: causal (optionally windowed) softmax attention of one (token, head).
+    // Prefill: causal (optionally windowed) softmax attention of task.n
+    // consecutive tokens of one head. Each token's result is bitwise what it
+    // gets alone (attn_*_multi's contract), so chunking does not change it.
     const auto& task = pre[size_t(w - n_dec)];
-    const auto& s = b.seqs[size_t(task.seq)];
-    const TokenRef& it = ws.items[size_t(task.a)];
     const int64_t h = task.b, kvh = h / group;
-    const int64_t pos = it.s->pos0 + it.i;
-    const int64_t j0 = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
-    const int64_t n = pos - j0 + 1;
-    const int64_t row0 = ws.gather_off[size_t(task.seq)] + j0 - ws.gather_j0[size_t(task.seq)];
-    (void)s;
-    const float* q = ws.qkv.data() + it.t * qkv_n + h * hd;
-    K.attn_scores(q, ws.gk.data() + row0 * kvd + kvh * hd, kvd, n, hd, c.attn_scale, sc);
-    if (c.attn_softcap > 0.f)
-      for (int64_t j = 0; j < n; ++j) sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
-    K.softmax(sc, n);
-    K.attn_weighted_sum(sc, ws.gv.data() + row0 * kvd + kvh * hd, kvd, n, hd,
-                        ws.attn.data() + it.t * qd + h * hd);
+    const int64_t g0 = ws.gather_off[size_t(task.seq)] - ws.gather_j0[size_t(task.seq)];
+    const uint16_t* kbase = ws.gk.data() + kvh * hd;
+    const uint16_t* vbase = ws.gv.data() + kvh * hd;
+    int64_t j0s[kPrefillQueries], ns[kPrefillQueries];
+    bool same_start = true;
+    for (int64_t i = 0; i < task.n; ++i) {
+      const TokenRef& it = ws.items[size_t(task.a + i)];
+      const int64_t pos = it.s->pos0 + it.i;
+      j0s[i] = sliding ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+      ns[i] = pos - j0s[i] + 1;
+      same_start = same_start && j0s[i] == j0s[0];
+    }
+    const TokenRef& first = ws.items[size_t(task.a)];
+    const float* q0 = ws.qkv.data() + first.t * qkv_n + h * hd;
+    float* o0 = ws.attn.data() + first.t * qd + h * hd;
+    if (task.n > 1 && same_start && K.attn_scores_multi && K.attn_weighted_sum_multi) {
+      const int64_t row0 = g0 + j0s[0];
+      const int64_t n_max = ns[task.n - 1];  // tokens are consecutive: the last sees the most rows
+      K.attn_scores_multi(q0, qkv_n, task.n, kbase + row0 * kvd, kvd, n_max, hd, c.attn_scale, sc,
+                          n_max);
+      for (int64_t i = 0; i < task.n; ++i) {
+        float* si = sc + i * n_max;
+        if (c.attn_softcap > 0.f)
+          for (int64_t j = 0; j < ns[i]; ++j)
+            si[j] = std::tanh(si[j] / c.attn_softcap) * c.attn_softcap;
+        K.softmax(si, ns[i]);
+      }
+      K.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase + row0 * kvd, kvd, hd, o0, qd);
+      continue;
+    }
+    for (int64_t i = 0; i < task.n; ++i) {
+      const int64_t row0 = g0 + j0s[i];
+      const float* q = q0 + i * qkv_n;
+      K.attn_scores(q, kbase + row0 * kvd, kvd, ns[i], hd, c.attn_scale, sc);
+      if (c.attn_softcap > 0.f)
+        for (int64_t j = 0; j < ns[i]; ++j)
+          sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
+      K.softmax(sc, ns[i]);
+      K.attn_weighted_sum(sc, vbase + row0 * kvd, kvd, ns[i], hd, o0 + i * qd);
+    }
   }
 }
 

@@ -155,6 +155,42 @@ TEST_P(KernelOpsTest, AttnScores) {
   }
 }
 
+// The multi-query forms (where an ISA has them) give each query exactly its
+// one-query result, whatever m, n, the row count mod 16 and the head size.
+TEST_P(KernelOpsTest, AttnMultiQueryBitwiseEqualsOneQuery) {
+  if (!T().attn_scores_multi || !T().attn_weighted_sum_multi)
+    GTEST_SKIP() << "no multi-query kernels";
+  for (int64_t hd : {16, 64, 80, 128})
+    for (int64_t m : {1, 2, 3, 4, 5, 8, 11})
+      for (int64_t n : {1, 15, 16, 17, 40, 333}) {
+        const int64_t ldk = hd + 5, ldq = hd + 3, lds = n + 7;
+        auto q = random_f32(size_t(m * ldq), -2.f, 2.f, uint32_t(hd * 100 + m * 10 + n));
+        auto k = random_bf16(size_t(n * ldk), -2.f, 2.f, uint32_t(hd + n));
+        const float scale = 1.f / std::sqrt(float(hd));
+        std::vector<float> got(static_cast<size_t>(m * lds), -7.f), one(static_cast<size_t>(n));
+        T().attn_scores_multi(q.data(), ldq, m, k.data(), ldk, n, hd, scale, got.data(), lds);
+        for (int64_t i = 0; i < m; ++i) {
+          T().attn_scores(q.data() + i * ldq, k.data(), ldk, n, hd, scale, one.data());
+          ASSERT_EQ(std::memcmp(one.data(), got.data() + i * lds, size_t(n) * 4), 0)
+              << "scores hd=" << hd << " m=" << m << " n=" << n << " query " << i;
+        }
+        // Weighted sums with a different row count per query (causal prefill).
+        std::vector<int64_t> ns(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i) ns[size_t(i)] = std::max<int64_t>(0, n - (i * 7) % 13);
+        auto pr = random_f32(size_t(m * lds), 0.f, 1.f, uint32_t(hd * 3 + m + n));
+        const int64_t ldo = hd + 2;
+        std::vector<float> out(static_cast<size_t>(m * ldo), 5.f), one_out(static_cast<size_t>(hd));
+        T().attn_weighted_sum_multi(pr.data(), lds, ns.data(), m, k.data(), ldk, hd, out.data(),
+                                    ldo);
+        for (int64_t i = 0; i < m; ++i) {
+          T().attn_weighted_sum(pr.data() + i * lds, k.data(), ldk, ns[size_t(i)], hd,
+                                one_out.data());
+          ASSERT_EQ(std::memcmp(one_out.data(), out.data() + i * ldo, size_t(hd) * 4), 0)
+              << "weighted sum hd=" << hd << " m=" << m << " n=" << ns[size_t(i)] << " query " << i;
+        }
+      }
+}
+
 // Contract: sequential FMA over t, so every ISA equals the reference bitwise.
 TEST_P(KernelOpsTest, AttnWeightedSumBitwise) {
   for (int64_t hd : {1, 7, 16, 64, 80, 128, 130, 256})

@@ -68,9 +68,13 @@ KernelTable make(Isa isa) {
       break;
     case Isa::Avx512:
       fill<avx512_funcs>(t);
+      t.attn_scores_multi = avx512::attn_scores_multi;
+      t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
       break;
     case Isa::Avx512Bf16:
       fill<avx512_funcs>(t);
+      t.attn_scores_multi = avx512::attn_scores_multi;
+      t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
       t.gemm_bf16 = avx512bf16::gemm_bf16;
       t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
       t.peak_probe = avx512bf16::peak_probe;

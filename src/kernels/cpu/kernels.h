@@ -45,9 +45,9 @@ enum class KvElem : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 // k_scales is set, else the static k_scale; V the same with v_scales /
 // v_scale. BF16 rows ignore every scale.
 struct PagedKv {
-  const uint8_t* const* k_pages = nullptr;  // [n_pages]
-  const uint8_t* const* v_pages = nullptr;  // [n_pages]
-  int64_t token_stride = 0;                 // bytes between consecutive slots' rows
+  const uint8_t* const* k_pages = nullptr;    // [n_pages]
+  const uint8_t* const* v_pages = nullptr;    // [n_pages]
+  int64_t token_stride = 0;                   // bytes between consecutive slots' rows
   const uint16_t* const* k_scales = nullptr;  // [n_pages] BF16 scales, or nullptr (static)
   const uint16_t* const* v_scales = nullptr;
   int64_t scale_stride = 1;  // scales between consecutive slots' scales
@@ -112,6 +112,19 @@ struct KernelTable {
   // with one fused multiply-add per term (so every ISA gives the same bits).
   void (*attn_weighted_sum)(const float* p, const uint16_t* v, int64_t ldv, int64_t n,
                             int64_t head_dim, float* out) = nullptr;
+
+  // Several queries against the same rows, for prefill (optional: nullptr
+  // where an ISA has no faster form; callers then loop over the one-query
+  // kernels). Each result is bitwise what the one-query kernel of the same
+  // ISA gives for that query alone; K and V rows are read once for all m.
+  // scores[i * lds + t] = attn_scores(q + i * ldq, k, ldk, n, ...)[t], t < n.
+  void (*attn_scores_multi)(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
+                            int64_t n, int64_t head_dim, float scale, float* scores,
+                            int64_t lds) = nullptr;
+  // out + i * ldo = attn_weighted_sum(p + i * ldp, v, ldv, n[i], ...).
+  void (*attn_weighted_sum_multi)(const float* p, int64_t ldp, const int64_t* n, int64_t m,
+                                  const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
+                                  int64_t ldo) = nullptr;
 
   // Decode attention of the `group` query heads that share one KV head, read
   // straight from KV pages (FP8 decoded in registers, never staged as BF16).

@@ -203,6 +203,150 @@ void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t 
 }
 }  // namespace
 
+namespace {
+// Up to four queries per pass over the rows: the K rows of a pair are loaded
+// once and feed every query's own accumulators; each query's sums follow
+// attn_scores exactly (same chunk order, same tree), so results are bitwise
+// its one-query values.
+template <int M>
+void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t ldk, int64_t n,
+                       int64_t hd, float scale, float* scores, int64_t lds) {
+  const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sc = _mm512_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) {
+    __m512 b_even[M], c_even[M], d_first[M], e[M];
+#pragma GCC unroll 8
+    for (int pr = 0; pr < 8; ++pr) {
+      __m512 acc0[M], acc1[M];
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+      const uint16_t* r0 = k + (t + 2 * pr) * ldk;
+      const uint16_t* r1 = r0 + ldk;
+      for (int64_t d = 0; d < hd; d += 16) {
+        const __mmask16 m = mask16(hd - d);
+        const __m512 k0 = maskz_load_bf16(m, r0 + d), k1 = maskz_load_bf16(m, r1 + d);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i) {
+          const __m512 qv = _mm512_maskz_loadu_ps(m, q + i * ldq + d);
+          acc0[i] = _mm512_fmadd_ps(qv, k0, acc0[i]);
+          acc1[i] = _mm512_fmadd_ps(qv, k1, acc1[i]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const __m512 b = tree1(acc0[i], acc1[i]);
+        if (pr % 2 == 0) {
+          b_even[i] = b;
+          continue;
+        }
+        const __m512 cc = tree2(b_even[i], b);
+        if (pr % 4 == 1) {
+          c_even[i] = cc;
+          continue;
+        }
+        const __m512 dd = tree3(c_even[i], cc);
+        if (pr == 3)
+          d_first[i] = dd;
+        else
+          e[i] = tree4(d_first[i], dd);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i)
+      _mm512_storeu_ps(scores + i * lds + t,
+                       _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[i]), sc));
+  }
+  // The tail (fewer than 16 rows): attn_scores' own paths, per query.
+  if (t < n)
+    for (int i = 0; i < M; ++i)
+      attn_scores(q + i * ldq, k + t * ldk, ldk, n - t, hd, scale, scores + i * lds + t);
+}
+
+// Weighted sums of M queries over the same V rows, d in [d0, d0 + 16C):
+// rows [0, min n) feed all queries from one load, then each query finishes
+// its own rows; every query's accumulator sees its terms in order t = 0, 1,
+// ..., one FMA each, as in weighted_sum_block.
+template <int M, int C>
+void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, const uint16_t* v,
+                              int64_t ldv, int64_t d0, __mmask16 last, float* out, int64_t ldo) {
+  __m512 acc[M][C];
+  int64_t n_min = n[0];
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+    n_min = std::min(n_min, n[i]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
+  }
+  for (int64_t t = 0; t < n_min; ++t) {
+    const uint16_t* vt = v + t * ldv + d0;
+    __m512 vv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      vv[c] = c == C - 1 ? maskz_load_bf16(last, vt + 16 * c) : load_bf16(vt + 16 * c);
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      const __m512 pt = _mm512_set1_ps(p[i * ldp + t]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(pt, vv[c], acc[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+    for (int64_t t = n_min; t < n[i]; ++t) {
+      const __m512 pt = _mm512_set1_ps(p[i * ldp + t]);
+      const uint16_t* vt = v + t * ldv + d0;
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m512 vv = c == C - 1 ? maskz_load_bf16(last, vt + 16 * c) : load_bf16(vt + 16 * c);
+        acc[i][c] = _mm512_fmadd_ps(pt, vv, acc[i][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(out + i * ldo + d0 + 16 * c, c == C - 1 ? last : __mmask16(0xffff),
+                            acc[i][c]);
+  }
+}
+}  // namespace
+
+void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
+                       int64_t n, int64_t head_dim, float scale, float* scores, int64_t lds) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    scores_multi_pass<4>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+  switch (m - i) {
+    case 3:
+      scores_multi_pass<3>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    case 2:
+      scores_multi_pass<2>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    case 1:
+      scores_multi_pass<1>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    default:
+      break;
+  }
+}
+
+void attn_weighted_sum_multi(const float* p, int64_t ldp, const int64_t* n, int64_t m,
+                             const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
+                             int64_t ldo) {
+  // Four queries x four 16-lane chunks per pass (16 accumulators); head dims
+  // other than 64 take the one-query kernel per query.
+  if (head_dim != 64) {
+    for (int64_t i = 0; i < m; ++i)
+      attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
+    return;
+  }
+  const __mmask16 full = 0xffff;
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    weighted_sum_multi_block<4, 4>(p + i * ldp, ldp, n + i, v, ldv, 0, full, out + i * ldo, ldo);
+  for (; i < m; ++i) attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
+}
+
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
                        float* out) {
   constexpr int64_t kBlock = 8 * 16;  // 8 accumulators per pass over t
