@@ -160,7 +160,7 @@ TEST_P(KernelOpsTest, AttnScores) {
 TEST_P(KernelOpsTest, AttnMultiQueryBitwiseEqualsOneQuery) {
   if (!T().attn_scores_multi || !T().attn_weighted_sum_multi)
     GTEST_SKIP() << "no multi-query kernels";
-  for (int64_t hd : {16, 64, 80, 128})
+  for (int64_t hd : {7, 16, 20, 64, 80, 128})
     for (int64_t m : {1, 2, 3, 4, 5, 8, 11})
       for (int64_t n : {1, 15, 16, 17, 40, 333}) {
         const int64_t ldk = hd + 5, ldq = hd + 3, lds = n + 7;

@@ -65,6 +65,8 @@ KernelTable make(Isa isa) {
       break;
     case Isa::Avx2:
       fill<avx2_funcs>(t);
+      t.attn_scores_multi = avx2::attn_scores_multi;
+      t.attn_weighted_sum_multi = avx2::attn_weighted_sum_multi;
       break;
     case Isa::Avx512:
       fill<avx512_funcs>(t);

@@ -21,6 +21,11 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
 void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
                  float scale, float* scores);
+void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
+                       int64_t n, int64_t head_dim, float scale, float* scores, int64_t lds);
+void attn_weighted_sum_multi(const float* p, int64_t ldp, const int64_t* n, int64_t m,
+                             const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
+                             int64_t ldo);
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
                        float* out);
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,

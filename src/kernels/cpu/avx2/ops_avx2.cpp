@@ -162,6 +162,134 @@ void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t 
 }
 }  // namespace
 
+namespace {
+// Two rows x M queries per step: each (row, query) keeps attn_scores' own
+// accumulator, chunk order and hsum, so results are bitwise its one-query
+// values; the rows are loaded once for all M queries.
+template <int M>
+void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t ldk, int64_t n,
+                       int64_t hd, float scale, float* scores, int64_t lds) {
+  int64_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    __m256 a0[M], a1[M];
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
+    const uint16_t* r0 = k + t * ldk;
+    const uint16_t* r1 = r0 + ldk;
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 k0 = load_bf16_part(r0 + d, hd - d), k1 = load_bf16_part(r1 + d, hd - d);
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        const __m256 qv = load_part(q + i * ldq + d, hd - d);
+        a0[i] = _mm256_fmadd_ps(qv, k0, a0[i]);
+        a1[i] = _mm256_fmadd_ps(qv, k1, a1[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      scores[i * lds + t] = hsum(a0[i]) * scale;
+      scores[i * lds + t + 1] = hsum(a1[i]) * scale;
+    }
+  }
+  if (t < n)
+    for (int i = 0; i < M; ++i)
+      attn_scores(q + i * ldq, k + t * ldk, ldk, n - t, hd, scale, scores + i * lds + t);
+}
+
+// Weighted sums of M queries, lanes [d0, d0 + 8C): rows [0, min n) feed all
+// queries from one load, then each finishes its own rows. Every lane sums its
+// terms in order t = 0, 1, ..., one FMA each, as weighted_sum_block does.
+template <int M, int C>
+void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, const uint16_t* v,
+                              int64_t ldv, int64_t d0, int64_t last, float* out, int64_t ldo) {
+  __m256 acc[M][C];
+  int64_t n_min = n[0];
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+    n_min = std::min(n_min, n[i]);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  }
+  for (int64_t t = 0; t < n_min; ++t) {
+    const uint16_t* vt = v + t * ldv + d0;
+    __m256 vv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      vv[c] = c == C - 1 ? load_bf16_part(vt + 8 * c, last) : load_bf16(vt + 8 * c);
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) {
+      const __m256 pt = _mm256_broadcast_ss(p + i * ldp + t);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm256_fmadd_ps(pt, vv[c], acc[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i) {
+    for (int64_t t = n_min; t < n[i]; ++t) {
+      const __m256 pt = _mm256_broadcast_ss(p + i * ldp + t);
+      const uint16_t* vt = v + t * ldv + d0;
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m256 vv = c == C - 1 ? load_bf16_part(vt + 8 * c, last) : load_bf16(vt + 8 * c);
+        acc[i][c] = _mm256_fmadd_ps(pt, vv, acc[i][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+      store_part(out + i * ldo + d0 + 8 * c, acc[i][c], c == C - 1 ? last : 8);
+  }
+}
+}  // namespace
+
+void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
+                       int64_t n, int64_t head_dim, float scale, float* scores, int64_t lds) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    scores_multi_pass<4>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+  switch (m - i) {
+    case 3:
+      scores_multi_pass<3>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    case 2:
+      scores_multi_pass<2>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    case 1:
+      scores_multi_pass<1>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
+      break;
+    default:
+      break;
+  }
+}
+
+void attn_weighted_sum_multi(const float* p, int64_t ldp, const int64_t* n, int64_t m,
+                             const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
+                             int64_t ldo) {
+  // Two queries x four 8-lane chunks per pass (8 accumulators, 16 registers).
+  int64_t i = 0;
+  for (; i + 2 <= m; i += 2)
+    for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
+      const int64_t width = std::min<int64_t>(32, head_dim - d0);
+      const int chunks = int((width + 7) / 8);
+      const int64_t last = width - 8 * (chunks - 1);
+      float* o = out + i * ldo;
+      switch (chunks) {
+        case 1:
+          weighted_sum_multi_block<2, 1>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
+          break;
+        case 2:
+          weighted_sum_multi_block<2, 2>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
+          break;
+        case 3:
+          weighted_sum_multi_block<2, 3>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
+          break;
+        default:
+          weighted_sum_multi_block<2, 4>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
+          break;
+      }
+    }
+  for (; i < m; ++i) attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
+}
+
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
                        float* out) {
   constexpr int64_t kBlock = 8 * 8;  // 8 accumulators per pass over t
