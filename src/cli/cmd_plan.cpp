@@ -18,7 +18,7 @@ struct PlanOpts {
   std::string memory;
   int64_t tp = 1;
   std::string kv_dtype = "all";
-  std::string scales = "static";
+  std::string scales = "dynamic";  // the engine's default (docs/FORMATS.md, Scales)
   int64_t page_tokens = 16;
   bool json = false;
 };
@@ -83,7 +83,7 @@ void register_plan(CLI::App& app) {
       ->required();
   cmd->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::Range(1, 4096));
   cmd->add_option("--kv-dtype", o.kv_dtype, "bf16, fp8_e4m3, fp8_e5m2 or all (default all)");
-  cmd->add_option("--scales", o.scales, "FP8 scales: static or dynamic (default static)");
+  cmd->add_option("--scales", o.scales, "FP8 scales: dynamic (the engine's default) or static");
   cmd->add_option("--page-tokens", o.page_tokens, "tokens per KV page")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", o.json, "print one JSON object");
