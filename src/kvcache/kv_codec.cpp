@@ -11,24 +11,7 @@
 namespace kvant {
 
 float kv_dynamic_scale(KvDType dtype, const float* x, int64_t n) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (std::isfinite(a) && a > amax) amax = a;
-  }
-  const float max_finite = kv_dtype_max_finite(dtype);
-  if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
-  float s = amax / max_finite;
-  // amax below max_finite * FLT_MIN would underflow to a zero scale; the
-  // smallest normal keeps decoding finite at a tiny loss for such rows.
-  if (!(s > 0.0f)) s = 1.17549435e-38f;
-  // Round up to BF16 (pages store the scale in 2 bytes): never below the
-  // exact scale, so amax / scale stays within the format.
-  uint32_t b;
-  std::memcpy(&b, &s, 4);
-  if (b & 0xffffu) b = (b & 0xffff0000u) + 0x10000u;
-  std::memcpy(&s, &b, 4);
-  return s;
+  return fp8_row_scale(kv_dtype_max_finite(dtype), x, n);
 }
 
 void kv_encode_row(KvDType dtype, const float* x, int64_t n, float scale, void* out) {

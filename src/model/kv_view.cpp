@@ -65,22 +65,10 @@ void kv_store_row(kernels::KvElem elem, const float* x, int64_t n, float scale, 
 }
 
 float kv_row_scale(kernels::KvElem elem, const float* x, int64_t n) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (std::isfinite(a) && a > amax) amax = a;
-  }
   const float max_finite = elem == kernels::KvElem::kFp8E4m3   ? kFp8E4m3Max
                            : elem == kernels::KvElem::kFp8E5m2 ? kFp8E5m2Max
                                                                : 0.0f;
-  if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
-  float s = amax / max_finite;
-  if (!(s > 0.0f)) s = 1.17549435e-38f;
-  uint32_t b;
-  std::memcpy(&b, &s, 4);
-  if (b & 0xffffu) b = (b & 0xffff0000u) + 0x10000u;  // round up to BF16
-  std::memcpy(&s, &b, 4);
-  return s;
+  return fp8_row_scale(max_finite, x, n);
 }
 
 }  // namespace kvant

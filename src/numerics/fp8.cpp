@@ -7,6 +7,8 @@
 
 #include <array>
 #include <bit>
+#include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 #include "numerics/bf16.h"
@@ -125,6 +127,24 @@ void decode_row(const std::array<float, 256>& table, std::span<const uint8_t> in
 
 float fp8_e4m3_to_f32(uint8_t v) { return kE4m3Table[v]; }
 float fp8_e5m2_to_f32(uint8_t v) { return kE5m2Table[v]; }
+float fp8_row_scale(float max_finite, const float* x, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (std::isfinite(a) && a > amax) amax = a;
+  }
+  if (amax == 0.0f || max_finite == 0.0f) return 1.0f;
+  float s = amax / max_finite;
+  // amax below max_finite * FLT_MIN would underflow to a zero scale; the
+  // smallest normal keeps decoding finite at a tiny loss for such rows.
+  if (!(s > 0.0f)) s = 1.17549435e-38f;
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  if (b & 0xffffu) b = (b & 0xffff0000u) + 0x10000u;  // round up to BF16
+  std::memcpy(&s, &b, 4);
+  return s;
+}
+
 uint8_t f32_to_fp8_e4m3(float f) { return encode(kE4m3, f); }
 uint8_t f32_to_fp8_e5m2(float f) { return encode(kE5m2, f); }
 const float* fp8_e4m3_table() { return kE4m3Table.data(); }

@@ -35,6 +35,13 @@ uint8_t f32_to_fp8_e5m2(float f);
 const float* fp8_e4m3_table();
 const float* fp8_e5m2_table();
 
+// Per-row scale for scaled FP8 storage (code = fp8(x / scale)): amax over the
+// row's finite entries / max_finite, rounded up to the next BF16 value (so it
+// can be stored in 2 bytes and amax / scale never exceeds max_finite), never
+// below FLT_MIN. 1 for a row with no finite non-zero entry or max_finite 0.
+// The one rule the KV cache codec and the model's page writes share.
+float fp8_row_scale(float max_finite, const float* x, int64_t n);
+
 // Direct BF16/FP16 -> FP8. Both widen exactly to FP32 first, so there is a
 // single rounding and the results equal f32_to_fp8_*(x_to_f32(h)).
 uint8_t bf16_to_fp8_e4m3(uint16_t h);
