@@ -8,6 +8,7 @@
 #include "kernels/cpu/avx2/avx2.h"
 #include "kernels/cpu/avx512/avx512.h"
 #include "kernels/cpu/avx512bf16/avx512bf16.h"
+#include "kernels/cpu/avx512vnni/avx512vnni.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/ref/ref.h"
 
@@ -30,6 +31,8 @@ void fill(KernelTable& t) {
   t.attn_weighted_sum = Ns::attn_weighted_sum;
   t.paged_attn_decode = Ns::paged_attn_decode;
   t.peak_probe = Ns::peak_probe;
+  t.quantize_q8 = Ns::quantize_q8;
+  t.gemm_q4 = Ns::gemm_q4;
   t.peak_flops_per_iter = Ns::kPeakFlopsPerIter;
 }
 
@@ -49,6 +52,8 @@ void fill(KernelTable& t) {
     static constexpr auto attn_weighted_sum = ns::attn_weighted_sum;    \
     static constexpr auto paged_attn_decode = ns::paged_attn_decode;    \
     static constexpr auto peak_probe = ns::peak_probe;                  \
+    static constexpr auto quantize_q8 = ns::quantize_q8;                \
+    static constexpr auto gemm_q4 = ns::gemm_q4;                        \
     static constexpr int64_t kPeakFlopsPerIter = ns::kPeakFlopsPerIter; \
   };
 KVANT_ISA_FUNCS(ref)
@@ -72,6 +77,7 @@ KernelTable make(Isa isa) {
       fill<avx512_funcs>(t);
       t.attn_scores_multi = avx512::attn_scores_multi;
       t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
+      if (cpu_features().avx512_vnni) t.gemm_q4 = avx512vnni::gemm_q4;
       break;
     case Isa::Avx512Bf16:
       fill<avx512_funcs>(t);
@@ -79,6 +85,7 @@ KernelTable make(Isa isa) {
       t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
       t.gemm_bf16 = avx512bf16::gemm_bf16;
       t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
+      t.gemm_q4 = avx512vnni::gemm_q4;  // Avx512Bf16 implies VNNI
       t.peak_probe = avx512bf16::peak_probe;
       t.peak_flops_per_iter = avx512bf16::kPeakFlopsPerIter;
       break;
@@ -122,6 +129,18 @@ const KernelTable* table_for(Isa isa) {
                                        make(Isa::Avx512Bf16)};
   if (!supported(isa)) return nullptr;
   return &tables[int(isa)];
+}
+
+int q4_variants(Q4Variant* out, int max) {
+  int n = 0;
+  auto add = [&](const char* name, decltype(KernelTable::gemm_q4) fn) {
+    if (n < max) out[n++] = {name, fn};
+  };
+  add("scalar", ref::gemm_q4);
+  if (supported(Isa::Avx2)) add("avx2", avx2::gemm_q4);
+  if (supported(Isa::Avx512)) add("avx512bw", avx512::gemm_q4);
+  if (supported(Isa::Avx512) && cpu_features().avx512_vnni) add("avx512vnni", avx512vnni::gemm_q4);
+  return n;
 }
 
 const KernelTable& active() {

@@ -32,6 +32,50 @@ constexpr int64_t gemm_bf16_packed_size(int64_t n, int64_t k) {
   return (n + kPackRows - 1) / kPackRows * kPackRows * ((k + 1) / 2 * 2);
 }
 
+// INT4 weights for gemm_q4 ("Q4 P16", built at load by pack_q4 from the
+// logical W4A16 values). W [n, k] with k a multiple of kQ4Block (32) and a
+// group size g that is a multiple of 32 dividing k. Logical weight:
+//   w[j, c] = (u[j, c] - o[j, c / g]) * s[j, c / g],  u in [0, 15]
+// where u = q + 8 for a signed nibble q in [-8, 7], o = 8 + zero (8 when
+// symmetric) and s the group's scale (BF16). Rows go in panels of 16; panel p
+// holds k / 32 blocks of 256 bytes; block b is 4 chunks of 64 bytes; in chunk
+// c byte 4r + i (r = row in panel, i = 0..3) holds
+//   low nibble  u[16p + r, 32b + 8c + i]
+//   high nibble u[16p + r, 32b + 8c + 4 + i]
+// so one 64-byte load feeds two 4-byte dot products for all 16 rows (the
+// VPDPBUSD operand shape). Panel p starts at byte p * k * 8. Rows past n are
+// zero bytes with scale 0. Scales: BF16 bits, [panel][group][16]; offsets
+// o: uint8 [panel][group][16], or nullptr when every o is 8.
+inline constexpr int64_t kQ4Block = 32;
+struct Q4Weights {
+  const uint8_t* w = nullptr;        // n_panels * k * 8 bytes
+  const uint16_t* scales = nullptr;  // n_panels * (k / group) * 16
+  const uint8_t* offs = nullptr;     // same count, or nullptr (symmetric)
+  int64_t n = 0, k = 0, group = 0;
+};
+constexpr int64_t q4_panels(int64_t n) { return (n + 15) / 16; }
+
+// Activations as gemm_q4 reads them: each row of x (k FP32 values) cut into
+// blocks of 32, each block b stored as 32 int8 values a, a scale sa and the
+// sum of its a's: x[32b + i] ~= a[i] * sa. Row i's values start at q + i *
+// ldq, its scales and sums at s + i * lds, sum + i * lds.
+struct Q8Rows {
+  const int8_t* q = nullptr;
+  const float* s = nullptr;
+  const int32_t* sum = nullptr;
+  int64_t ldq = 0, lds = 0;
+};
+
+// Packs logical W4A16 values into Q4 P16 (load time; any ISA). q: [n, k]
+// int8 in [-8, 7]; scale: [n, k / group] FP32 (rounded to BF16); zero: [n, k /
+// group] in [-8, 7] or nullptr. Outputs: w[q4_panels(n) * k * 8],
+// scales[q4_panels(n) * (k / group) * 16], offs (same count; written only when
+// zero != nullptr).
+void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n, int64_t k,
+             int64_t group, uint8_t* w, uint16_t* scales, uint8_t* offs);
+// Logical value of one weight of a packed matrix (tests, debugging).
+float q4_weight(const Q4Weights& W, int64_t row, int64_t col);
+
 // Element type of KV pages as paged_attn_decode reads them.
 enum class KvElem : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 
@@ -149,12 +193,35 @@ struct KernelTable {
   void (*paged_attn_decode)(const float* q, int64_t group, int64_t head_dim, float scale,
                             const PagedKv& kv, float* scratch, float* out) = nullptr;
 
+  // INT4 weights x int8-quantized activations (W4A16 checkpoints, computed
+  // W4A8 as on every CPU engine: activations are quantized per 32-block,
+  // symmetric, at run time).
+  // quantize_q8: one row, k a multiple of 32: per block amax = max |x|; sa =
+  // amax / 127, a[i] = round-half-even(x[i] * (127 / amax)) (0 when amax is
+  // 0); sum = sum of a. Bitwise equal on every ISA.
+  void (*quantize_q8)(const float* x, int64_t k, int8_t* q, float* s, int32_t* sum) = nullptr;
+  // y[i, j] for i in [0, m), j in [n0, n1), n0 a multiple of 16:
+  //   for each group g (in order): acc = 0; for each block b of g (in order):
+  //     acc = fma(float(sum_c u[j,c] a[i,c] - o[j,g] * sum[i,b]), sa[i,b], acc)
+  //   y = fma(acc, s[j,g], y), from y = 0
+  // Integer sums are exact, so every ISA gives the same bits.
+  void (*gemm_q4)(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m,
+                  int64_t n0, int64_t n1) = nullptr;
+
   // Benchmark aid, not a model kernel: runs `iters` iterations of the GEMM's
   // inner FP32-FMA (or VDPBF16PS) instruction on independent accumulators,
   // peak_flops_per_iter flops each, and returns a value that depends on them.
   float (*peak_probe)(int64_t iters) = nullptr;
   int64_t peak_flops_per_iter = 0;
 };
+
+// Every gemm_q4 this CPU can run, by name ("scalar", "avx2", "avx512bw",
+// "avx512vnni"), for tests and benchmarks; the tables pick the best of them.
+struct Q4Variant {
+  const char* name;
+  decltype(KernelTable::gemm_q4) fn;
+};
+int q4_variants(Q4Variant* out, int max);
 
 // The table for this machine; KVANT_ISA=scalar|avx2|avx512|avx512bf16 narrows the choice.
 const KernelTable& active();

@@ -31,5 +31,8 @@ void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out);
 float peak_probe(int64_t iters);
+void quantize_q8(const float* x, int64_t k, int8_t* q, float* s, int32_t* sum);
+void gemm_q4(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m, int64_t n0,
+             int64_t n1);
 inline constexpr int64_t kPeakFlopsPerIter = 12 * 8 * 2;  // 12 FMA chains of 8 lanes
 }  // namespace kvant::kernels::avx2
