@@ -14,5 +14,6 @@ void register_all(CLI::App& app) {
   register_plan(app);
   register_eval_kv(app);
   register_serve(app);
+  register_quantize(app);
 }
 }  // namespace kvant::cli

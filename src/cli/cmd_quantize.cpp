@@ -1,0 +1,91 @@
+// `kvant quantize`: writes a GGUF or Hugging Face checkpoint out as a Hugging
+// Face directory with compressed-tensors pack-quantized INT4 linears. Option
+// parsing, progress and the size report only; the work is quant/checkpoint.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/threads.h"
+#include "quant/checkpoint.h"
+
+namespace kvant::cli {
+namespace {
+
+struct QuantizeCliOpts {
+  std::string in, out, method = "rtn", calib;
+  int group_size = 128;
+  bool asym = false, quantize_lm_head = false, json = false;
+  std::vector<std::string> keep;
+  int threads = 0;
+};
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "kvant quantize: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string mb(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", double(b) / 1e6);
+  return buf;
+}
+
+int run_quantize(const QuantizeCliOpts& c) {
+  if (c.method == "awq") return fail("awq: not available in this build yet");
+  if (c.method != "rtn") return fail("--method must be rtn or awq, got '" + c.method + "'");
+  set_num_threads(c.threads);
+  QuantizeOptions o;
+  o.in = c.in;
+  o.out = c.out;
+  o.group_size = c.group_size;
+  o.asymmetric = c.asym;
+  o.keep = c.keep;
+  o.quantize_lm_head = c.quantize_lm_head;
+  o.progress = [](size_t i, size_t n, const std::string& name, bool q) {
+    std::fprintf(stderr, "[%zu/%zu] %s %s\n", i, n, name.c_str(), q ? "int4" : "keep");
+  };
+  o.warn = [](const std::string& m) { std::fprintf(stderr, "kvant quantize: warning: %s\n", m.c_str()); };
+  auto r = quantize_checkpoint(o);
+  if (!r) return fail(r.error().message);
+  const auto& s = *r;
+  if (c.json) {
+    auto j = s.to_json();
+    j["in"] = c.in;
+    j["out"] = c.out;
+    j["group_size"] = c.group_size;
+    j["symmetric"] = !c.asym;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("wrote %s (%lld tensors quantized to INT4, group %d, %s; %lld kept)\n", c.out.c_str(),
+              (long long)s.quantized_tensors, c.group_size, c.asym ? "asymmetric" : "symmetric",
+              (long long)s.kept_tensors);
+  std::printf("input size:  %s\noutput size: %s\n", mb(s.input_bytes).c_str(), mb(s.output_bytes).c_str());
+  std::printf("quantized linears: %s as BF16 -> %s as INT4 (packed + scales + zeros), %.2fx smaller\n",
+              mb(s.quantized_bf16_bytes).c_str(), mb(s.quantized_int4_bytes).c_str(),
+              s.quantized_int4_bytes ? double(s.quantized_bf16_bytes) / double(s.quantized_int4_bytes) : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+void register_quantize(CLI::App& app) {
+  static QuantizeCliOpts o;
+  auto* cmd = app.add_subcommand(
+      "quantize", "Write a checkpoint with INT4 (W4A16, compressed-tensors pack-quantized) linears");
+  cmd->add_option("--in", o.in, "GGUF file, .safetensors, or Hugging Face directory")->required();
+  cmd->add_option("--out", o.out, "output directory (Hugging Face layout)")->required();
+  cmd->add_option("--group-size", o.group_size, "weights per scale: 32, 64 or 128")
+      ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_flag("--asym", o.asym, "asymmetric groups (a zero point per group)");
+  cmd->add_option("--method", o.method, "rtn (default) or awq");
+  cmd->add_option("--calib", o.calib, "calibration text file (awq)");
+  cmd->add_option("--keep", o.keep, "regex: matching tensors stay BF16 (repeatable)");
+  cmd->add_flag("--quantize-lm-head", o.quantize_lm_head, "quantize lm_head too (unties tied embeddings)");
+  cmd->add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::Range(1, 4096));
+  cmd->add_flag("--json", o.json, "print one JSON object");
+  cmd->callback([] { set_exit_code(run_quantize(o)); });
+}
+
+}  // namespace kvant::cli

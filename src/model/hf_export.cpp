@@ -1,0 +1,147 @@
+// Mirrors the name table and transforms of model/loader.cpp; a change to one
+// needs the same change here (quant_checkpoint_test loads both ways).
+#include "model/hf_export.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace kvant {
+namespace {
+
+// Shortest decimal that reads back as the same float, so 1e-5f is written
+// as 1e-05 rather than 9.999999747378752e-06.
+double short_float(float f) {
+  char buf[32];
+  for (int p = 6; p <= 9; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, double(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+nlohmann::json rope_json(const RopeConfig& r) {
+  if (r.scaling == RopeScaling::Linear) return {{"rope_type", "linear"}, {"factor", short_float(r.factor)}};
+  if (r.scaling == RopeScaling::Llama3)
+    return {{"rope_type", "llama3"},
+            {"factor", short_float(r.factor)},
+            {"low_freq_factor", short_float(r.low_freq_factor)},
+            {"high_freq_factor", short_float(r.high_freq_factor)},
+            {"original_max_position_embeddings", r.original_max_positions}};
+  return nullptr;
+}
+
+}  // namespace
+
+Result<GgufToHf> gguf_to_hf(const std::string& n, const ModelConfig& c) {
+  const bool gemma = c.arch == Arch::Gemma3;
+  const float norm_add = gemma ? -1.f : 0.f;
+  if (n == "token_embd.weight") return GgufToHf{"model.embed_tokens.weight"};
+  if (n == "output_norm.weight") return GgufToHf{"model.norm.weight", 0, norm_add};
+  if (n == "output.weight") return GgufToHf{"lm_head.weight"};
+  if (n.rfind("blk.", 0) == 0) {
+    const size_t dot = n.find('.', 4);
+    if (dot != std::string::npos) {
+      const std::string idx = n.substr(4, dot - 4), rest = n.substr(dot + 1);
+      const std::string p = "model.layers." + idx + ".";
+      struct Row { const char* gguf; const char* hf; bool norm; };
+      static const Row rows[] = {
+          {"attn_norm.weight", "input_layernorm.weight", true},
+          {"attn_q.weight", "self_attn.q_proj.weight", false},
+          {"attn_k.weight", "self_attn.k_proj.weight", false},
+          {"attn_v.weight", "self_attn.v_proj.weight", false},
+          {"attn_q.bias", "self_attn.q_proj.bias", false},
+          {"attn_k.bias", "self_attn.k_proj.bias", false},
+          {"attn_v.bias", "self_attn.v_proj.bias", false},
+          {"attn_q_norm.weight", "self_attn.q_norm.weight", true},
+          {"attn_k_norm.weight", "self_attn.k_norm.weight", true},
+          {"attn_output.weight", "self_attn.o_proj.weight", false},
+          {"ffn_gate.weight", "mlp.gate_proj.weight", false},
+          {"ffn_up.weight", "mlp.up_proj.weight", false},
+          {"ffn_down.weight", "mlp.down_proj.weight", false},
+      };
+      // Llama's "post_attention_layernorm" is the norm before the MLP; Gemma's
+      // is the norm applied to the attention output (as in loader.cpp).
+      if (rest == "ffn_norm.weight")
+        return GgufToHf{p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), 0, norm_add};
+      if (gemma && rest == "post_attention_norm.weight")
+        return GgufToHf{p + "post_attention_layernorm.weight", 0, norm_add};
+      if (gemma && rest == "post_ffw_norm.weight")
+        return GgufToHf{p + "post_feedforward_layernorm.weight", 0, norm_add};
+      for (const auto& r : rows)
+        if (rest == r.gguf) {
+          GgufToHf m{p + r.hf, 0, r.norm ? norm_add : 0.f};
+          if (c.arch == Arch::Llama && rest == "attn_q.weight") m.unpermute_heads = c.heads;
+          if (c.arch == Arch::Llama && rest == "attn_k.weight") m.unpermute_heads = c.kv_heads;
+          return m;
+        }
+    }
+  }
+  if (n == "rope_freqs.weight")
+    return make_error("GGUF tensor rope_freqs.weight (Llama 3 RoPE scaling baked into a tensor) has no "
+                      "Hugging Face equivalent kvant can write yet");
+  return make_error("GGUF tensor " + n + " has no Hugging Face name kvant knows");
+}
+
+void unpermute_gguf_qk_rows(float* v, int64_t heads, int64_t hd, int64_t cols) {
+  std::vector<float> tmp(size_t(hd * cols));
+  for (int64_t h = 0; h < heads; ++h) {
+    float* base = v + h * hd * cols;
+    for (int64_t r = 0; r < hd; ++r) {
+      // GGUF row r = 2*i + j holds HF row j*(hd/2) + i.
+      const int64_t i = r / 2, j = r % 2;
+      const int64_t hf_row = j * (hd / 2) + i;
+      std::copy(base + r * cols, base + (r + 1) * cols, tmp.begin() + hf_row * cols);
+    }
+    std::copy(tmp.begin(), tmp.end(), base);
+  }
+}
+
+nlohmann::json hf_config_json(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  const bool gemma = c.arch == Arch::Gemma3;
+  const char* archs = "LlamaForCausalLM";
+  const char* type = "llama";
+  switch (c.arch) {
+    case Arch::Llama: break;
+    case Arch::Qwen2: archs = "Qwen2ForCausalLM"; type = "qwen2"; break;
+    case Arch::Qwen3: archs = "Qwen3ForCausalLM"; type = "qwen3"; break;
+    case Arch::Gemma3: archs = "Gemma3ForCausalLM"; type = "gemma3_text"; break;
+  }
+  j["architectures"] = {archs};
+  j["model_type"] = type;
+  j["vocab_size"] = c.vocab;
+  j["hidden_size"] = c.hidden;
+  j["intermediate_size"] = c.ffn;
+  j["num_hidden_layers"] = c.layers;
+  j["num_attention_heads"] = c.heads;
+  j["num_key_value_heads"] = c.kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_positions;
+  j["rms_norm_eps"] = short_float(c.rms_eps);
+  j["rope_theta"] = short_float(c.rope.theta);
+  j["rope_scaling"] = rope_json(c.rope);
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
+  if (c.eos_id >= 0) j["eos_token_id"] = c.eos_id;
+  j["torch_dtype"] = "bfloat16";
+  if (gemma) {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["hidden_act"] = "gelu_pytorch_tanh";
+    j["query_pre_attn_scalar"] = short_float(1.f / (c.attn_scale * c.attn_scale));
+    j["sliding_window"] = c.sliding_window;
+    j["rope_local_base_freq"] = short_float(c.rope_local.theta);
+    std::vector<std::string> types;
+    for (auto s : c.sliding) types.push_back(s ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? nlohmann::json(short_float(c.final_softcap)) : nlohmann::json();
+    j["attn_logit_softcapping"] = c.attn_softcap > 0 ? nlohmann::json(short_float(c.attn_softcap)) : nlohmann::json();
+  } else {
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = c.qkv_bias;
+  }
+  return nlohmann::json::parse(j.dump());
+}
+
+}  // namespace kvant

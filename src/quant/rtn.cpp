@@ -1,0 +1,101 @@
+// The scale is rounded to BF16 before q is chosen, so q is the best integer
+// for the scale that is actually stored, not for the exact one.
+#include "quant/rtn.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/threads.h"
+#include "numerics/bf16.h"
+
+namespace kvant {
+namespace {
+
+inline float to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+inline int clamp4(float x) { return int(std::clamp(x, -8.f, 7.f)); }
+
+void quantize_group_sym(const float* w, int n, int8_t* q, float* scale) {
+  float m = 0;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(w[i]) > std::fabs(m)) m = w[i];
+  const float d = to_bf16(m / -8.f);
+  *scale = d;
+  for (int i = 0; i < n; ++i) q[i] = d == 0.f ? 0 : int8_t(clamp4(std::nearbyint(w[i] / d)));
+}
+
+void quantize_group_asym(const float* w, int n, int8_t* q, float* scale, int8_t* zero) {
+  float lo = 0, hi = 0;
+  for (int i = 0; i < n; ++i) {
+    lo = std::min(lo, w[i]);
+    hi = std::max(hi, w[i]);
+  }
+  const float s = to_bf16((hi - lo) / 15.f);
+  *scale = s;
+  if (s == 0.f) {
+    *zero = 0;
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return;
+  }
+  const int z = clamp4(std::nearbyint(-lo / s) - 8.f);
+  *zero = int8_t(z);
+  for (int i = 0; i < n; ++i) q[i] = int8_t(clamp4(std::nearbyint(w[i] / s) + float(z)));
+}
+
+}  // namespace
+
+Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, bool asym) {
+  KV_CHECK(group > 0);
+  Int4Weight r;
+  r.rows = rows;
+  r.cols = cols;
+  r.group = group;
+  // A short last group where group does not divide cols (compressed-tensors
+  // stores ceil(cols / group) scales per row).
+  const int64_t groups = (cols + group - 1) / group;
+  r.q.resize(size_t(rows * cols));
+  r.scale.resize(size_t(rows * groups));
+  if (asym) r.zero.resize(size_t(rows * groups));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols, 1));
+  parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row)
+      for (int64_t g = 0; g < groups; ++g) {
+        const size_t off = size_t(row * cols + g * group), gi = size_t(row * groups + g);
+        const int n = int(std::min<int64_t>(group, cols - g * group));
+        if (asym)
+          quantize_group_asym(w + off, n, r.q.data() + off, &r.scale[gi], &r.zero[gi]);
+        else
+          quantize_group_sym(w + off, n, r.q.data() + off, &r.scale[gi]);
+      }
+  });
+  return r;
+}
+
+void dequantize(const Int4Weight& w, float* out) {
+  const int64_t groups = (w.cols + w.group - 1) / w.group;
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const size_t gi = size_t(r * groups + c / w.group);
+      const int z = w.zero.empty() ? 0 : w.zero[gi];
+      out[r * w.cols + c] = float(w.q[size_t(r * w.cols + c)] - z) * w.scale[gi];
+    }
+}
+
+QuantError quant_error(const float* ref, const float* approx, int64_t n) {
+  QuantError e;
+  double se = 0, sr = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(ref[i]) - double(approx[i]);
+    se += d * d;
+    sr += double(ref[i]) * ref[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+  }
+  if (n > 0) {
+    e.rms = std::sqrt(se / double(n));
+    const double rr = std::sqrt(sr / double(n));
+    e.rel_rms = rr > 0 ? e.rms / rr : (e.rms > 0 ? INFINITY : 0);
+  }
+  return e;
+}
+
+}  // namespace kvant
