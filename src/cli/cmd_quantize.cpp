@@ -65,6 +65,9 @@ int run_quantize(const QuantizeCliOpts& c) {
   std::printf("quantized linears: %s as BF16 -> %s as INT4 (packed + scales + zeros), %.2fx smaller\n",
               mb(s.quantized_bf16_bytes).c_str(), mb(s.quantized_int4_bytes).c_str(),
               s.quantized_int4_bytes ? double(s.quantized_bf16_bytes) / double(s.quantized_int4_bytes) : 0.0);
+  if (s.quantized_tensors > 0)
+    std::printf("relative RMS error of the quantized linears: mean %.4f, worst %.4f\n", s.mean_rel_rms,
+                s.max_rel_rms);
   return 0;
 }
 

@@ -130,6 +130,8 @@ nlohmann::json QuantizeSummary::to_json() const {
           {"quantized_bf16_bytes", quantized_bf16_bytes},
           {"quantized_int4_bytes", quantized_int4_bytes},
           {"quantized_ratio", quantized_int4_bytes ? double(quantized_bf16_bytes) / double(quantized_int4_bytes) : 0.0},
+          {"mean_rel_rms_error", mean_rel_rms},
+          {"max_rel_rms_error", max_rel_rms},
           {"ignore", ignore},
           {"warnings", warnings},
           {"files", files}};
@@ -248,6 +250,7 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   SafetensorsWriter& w = *wr;
 
   std::vector<float> v;
+  double rel_rms_sum = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     if (o.progress) o.progress(i + 1, items.size(), it.out, it.quantize);
@@ -270,6 +273,11 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
         KV_TRY(w.write(td.spec.name, td.bytes));
         sum.quantized_int4_bytes += td.bytes.size();
       }
+      std::vector<float> back(v.size());
+      dequantize(q, back.data());
+      const QuantError qe = quant_error(v.data(), back.data(), int64_t(v.size()));
+      sum.max_rel_rms = std::max(sum.max_rel_rms, qe.rel_rms);
+      rel_rms_sum += qe.rel_rms;
       sum.quantized_bf16_bytes += uint64_t(it.shape[0] * it.shape[1]) * 2;
       ++sum.quantized_tensors;
     } else if (it.out_dtype == DType::F32) {
@@ -285,6 +293,7 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     }
   }
   KV_TRY(w.finish());
+  if (sum.quantized_tensors > 0) sum.mean_rel_rms = rel_rms_sum / double(sum.quantized_tensors);
   sum.files = w.files();
   if (w.files().size() > 1) sum.files.push_back("model.safetensors.index.json");
   sum.output_bytes = w.total_bytes();

@@ -44,6 +44,8 @@ struct QuantizeSummary {
   int64_t kept_tensors = 0;
   uint64_t quantized_bf16_bytes = 0;  // the quantized linears at 2 bytes per weight
   uint64_t quantized_int4_bytes = 0;  // the same linears as packed + scales + zero points + shape
+  double mean_rel_rms = 0;  // RMS(w - dequantized) / RMS(w), mean over the quantized tensors
+  double max_rel_rms = 0;   // and the worst tensor
   std::vector<std::string> ignore;    // quantization_config's ignore list
   std::vector<std::string> warnings;
   std::vector<std::string> files;     // every file written, relative to `out`

@@ -190,6 +190,8 @@ TEST(QuantCheckpoint, F32CheckpointSymmetric) {
   EXPECT_EQ(r->warnings.size(), 2u);
   check_output(out, s, 32, false, {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"});
   EXPECT_GT(r->quantized_bf16_bytes, 3 * r->quantized_int4_bytes);
+  EXPECT_GT(r->mean_rel_rms, 0.02);  // Gaussian weights, group 32: about 0.08
+  EXPECT_LT(r->max_rel_rms, 0.12);
 
   auto mc = config_from_hf_json((fs::path(out) / "config.json").string());
   ASSERT_TRUE(mc.ok()) << mc.error().message;
