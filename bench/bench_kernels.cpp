@@ -3,7 +3,8 @@
 // plain and packed weights, 1 and 2 threads split over n as the model splits
 // them; the FMA/VDPBF16PS peak each table can reach; STREAM-style memory
 // bandwidth; decode attention over a 4,096-token paged context (BF16 vs FP8
-// pages, GB/s of KV read). Figures only, never pass/fail (see docs/BENCHMARKS.md).
+// pages, GB/s of KV read); INT4 weight products (gemm_q4, every variant the
+// CPU runs) with the weight bytes they stream. Figures only, never pass/fail (see docs/BENCHMARKS.md).
 //
 // Weights rotate through enough copies (>= 192 MB, 4x this machine's L3) that
 // every call reads them from DRAM, as a forward pass does.
@@ -104,6 +105,79 @@ void bm_gemm(benchmark::State& state, const KernelTable* T, Shape shape, int64_t
       benchmark::Counter(2e-9 * double(m * n * k) * it, benchmark::Counter::kIsRate);
   state.counters["weight_GBps"] =
       benchmark::Counter(2e-9 * double(n * k) * it, benchmark::Counter::kIsRate);
+  state.counters["m"] = double(m), state.counters["n"] = double(n), state.counters["k"] = double(k);
+  state.counters["threads"] = threads;
+}
+
+// INT4 (Q4 P16) copies of one shape's weights, group size g, symmetric.
+struct Q4Set {
+  int64_t n = 0, k = 0, group = 0;
+  std::vector<AlignedBuffer<uint8_t>> w;
+  std::vector<AlignedBuffer<uint16_t>> scales;
+  int64_t bytes() const { return int64_t(w[0].size() + scales[0].size() * 2); }
+};
+
+const Q4Set& q4_weights(int64_t n, int64_t k, int64_t group) {
+  static Q4Set qs;
+  if (qs.n == n && qs.k == k && qs.group == group) return qs;
+  qs = Q4Set{};
+  qs.n = n, qs.k = k, qs.group = group;
+  const int64_t groups = kvant::kernels::q4_groups(k, group);
+  std::vector<int8_t> q(size_t(n * k));
+  std::vector<float> sc(size_t(n * groups));
+  uint64_t st = 7;
+  for (auto& v : q) v = int8_t(int64_t(next(st) % 16) - 8);
+  for (auto& v : sc) v = float(int64_t(next(st) % 1000) + 1) * 1e-5f;
+  const int64_t panels = kvant::kernels::q4_panels(n);
+  const int64_t bytes = panels * k * 8 + panels * groups * 32;
+  const int64_t copies = std::max<int64_t>(1, (kColdBytes + bytes - 1) / bytes);
+  for (int64_t c = 0; c < copies; ++c) {
+    qs.w.emplace_back(size_t(panels * k * 8));
+    qs.scales.emplace_back(size_t(panels * groups * 16));
+    kvant::kernels::pack_q4(q.data(), sc.data(), nullptr, n, k, group, qs.w[c].data(),
+                            qs.scales[c].data(), nullptr);
+  }
+  return qs;
+}
+
+// gemm_q4 as the model calls it: activations quantized once (counted), then
+// the product split over output rows.
+void bm_gemm_q4(benchmark::State& state, const KernelTable* T,
+                decltype(KernelTable::gemm_q4) fn, Shape shape, int64_t m, int64_t group,
+                int threads) {
+  const Q4Set& qs = q4_weights(shape.n, shape.k, group);
+  const int64_t k = shape.k, n = shape.n, nb = k / kvant::kernels::kQ4Block;
+  AlignedBuffer<float> x(size_t(m * k));
+  uint64_t st = 3;
+  for (int64_t i = 0; i < m * k; ++i) x[i] = float(int64_t(next(st) % 2001) - 1000) * 1e-3f;
+  AlignedBuffer<int8_t> xq(size_t(m * k));
+  AlignedBuffer<float> xs(size_t(m * nb));
+  AlignedBuffer<int32_t> xsum(size_t(m * nb));
+  AlignedBuffer<float> y(size_t(m * n));
+  kvant::set_num_threads(threads);
+  size_t copy = 0;
+  for (auto _ : state) {
+    for (int64_t i = 0; i < m; ++i)
+      T->quantize_q8(x.data() + i * k, k, xq.data() + i * k, xs.data() + i * nb,
+                     xsum.data() + i * nb);
+    const kvant::kernels::Q4Weights w{qs.w[copy].data(), qs.scales[copy].data(), nullptr, n, k,
+                                      group};
+    copy = (copy + 1) % qs.w.size();
+    const kvant::kernels::Q8Rows xr{xq.data(), xs.data(), xsum.data(), k, nb};
+    kvant::parallel_for(n, 64, [&](int64_t n0, int64_t n1) {
+      for (int64_t i0 = 0; i0 < m; i0 += 64) {
+        const kvant::kernels::Q8Rows xt{xr.q + i0 * k, xr.s + i0 * nb, xr.sum + i0 * nb, k, nb};
+        fn(xt, w, y.data() + i0 * n, n, std::min<int64_t>(64, m - i0), n0, n1);
+      }
+    });
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double it = double(state.iterations());
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2e-9 * double(m * n * k) * it, benchmark::Counter::kIsRate);
+  state.counters["weight_GBps"] =
+      benchmark::Counter(1e-9 * double(qs.bytes()) * it, benchmark::Counter::kIsRate);
   state.counters["m"] = double(m), state.counters["n"] = double(n), state.counters["k"] = double(k);
   state.counters["threads"] = threads;
 }
@@ -293,6 +367,25 @@ void register_all() {
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  // INT4 weights: every gemm_q4 this CPU runs, at g128 (and g32 for decode).
+  kvant::kernels::Q4Variant variants[8];
+  const int nv = kvant::kernels::q4_variants(variants, 8);
+  const KernelTable* best = &kvant::kernels::active();
+  for (const Shape& s : kShapes)
+    for (int64_t group : {128, 32})
+      for (int64_t m : {1, 32, 512}) {
+        if (group == 32 && m != 1) continue;
+        for (int v = 1; v < nv; ++v)  // not the scalar reference
+          for (int th : {1, 2}) {
+            const std::string name = std::string("gemm_q4/") + variants[v].name + "/g" +
+                                     std::to_string(group) + "/" + s.name + "/m" +
+                                     std::to_string(m) + "/t" + std::to_string(th);
+            benchmark::RegisterBenchmark(name.c_str(), bm_gemm_q4, best, variants[v].fn, s, m,
+                                         group, th)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
+      }
   // Shape outermost: the cold weight copies are built once per shape.
   for (const Shape& s : kShapes)
     for (int64_t m : {1, 32, 512})

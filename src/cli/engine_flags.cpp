@@ -9,6 +9,18 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
     cmd->add_option("-m,--model", f.model, "GGUF file or Hugging Face directory")->required();
   cmd->add_option("-t,--threads", f.threads, "worker threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--prefill-weights", f.prefill_weights,
+                  "weights for prefill chunks: native (the checkpoint's), bf16 or int4")
+      ->check(CLI::IsMember({"native", "bf16", "int4"}));
+  cmd->add_option("--decode-weights", f.decode_weights,
+                  "weights for decode steps: native, bf16 or int4 (both sets stay resident "
+                  "when they differ)")
+      ->check(CLI::IsMember({"native", "bf16", "int4"}));
+  cmd->add_option("--int4-group", f.int4_group,
+                  "group size when a BF16/GGUF checkpoint is quantized to INT4 at load")
+      ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_flag("--int4-lm-head", f.int4_lm_head,
+                "also quantize the output projection when quantizing at load");
   cmd->add_option("--kv-dtype", f.kv_dtype, "KV cache dtype: bf16, fp8_e4m3, fp8_e5m2");
   cmd->add_option("--kv-scale", f.kv_scale,
                   "FP8 KV scales: dynamic (per token and head, in the page) or static "
@@ -55,6 +67,10 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   EngineOptions o;
   o.model_path = f.model;
   o.threads = f.threads;
+  o.prefill_weights = f.prefill_weights;
+  o.decode_weights = f.decode_weights;
+  o.int4_group = f.int4_group;
+  o.int4_lm_head = f.int4_lm_head;
   auto d = parse_kv_dtype(f.kv_dtype);
   if (!d) return d.error();
   o.kv_dtype = *d;

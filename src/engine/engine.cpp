@@ -171,10 +171,26 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   // caller's thread keeps no idle team: a server that creates the engine on
   // its I/O thread and steps it on another saw decode take twice as long on
   // two cores while such a team existed (see docs/BENCHMARKS.md, Serving).
+  WeightOptions wo;
+  auto prec = [](const std::string& s, WeightPrecision* out) {
+    if (s == "native" || s.empty()) *out = WeightPrecision::kNative;
+    else if (s == "bf16") *out = WeightPrecision::kBf16;
+    else if (s == "int4") *out = WeightPrecision::kInt4;
+    else return false;
+    return true;
+  };
+  if (!prec(o.prefill_weights, &wo.prefill) || !prec(o.decode_weights, &wo.decode))
+    return make_error("engine: weight precision must be native, bf16 or int4 (got prefill '" +
+                      o.prefill_weights + "', decode '" + o.decode_weights + "')");
+  if (o.int4_group != 32 && o.int4_group != 64 && o.int4_group != 128)
+    return make_error("engine: --int4-group must be 32, 64 or 128, got " +
+                      std::to_string(o.int4_group));
+  wo.int4_group = o.int4_group;
+  wo.int4_lm_head = o.int4_lm_head;
   Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
   std::thread loader([&] {
     if (o.threads > 0) set_num_threads(o.threads);
-    m = Model::load(o.model_path);
+    m = Model::load(o.model_path, wo);
   });
   loader.join();
   if (!m) return m.error();
@@ -265,6 +281,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   if (o.max_context > 0) ctx = std::min(ctx, o.max_context);
   cap.max_context = std::min(ctx, cap.tokens);
   if (o.log_capacity) std::fprintf(stderr, "kvant: %s\n", describe(cap).c_str());
+  if (o.log_capacity) {
+    const Model& M = *e->model_;
+    auto set = [&](int i) {
+      return M.set_precision(i) + " (" + std::to_string(M.set_bytes(i) >> 20) + " MiB)";
+    };
+    std::fprintf(stderr, "kvant: weights: prefill %s, decode %s%s\n", set(M.prefill_set()).c_str(),
+                 set(M.decode_set()).c_str(),
+                 M.prefill_set() == M.decode_set() ? " (one set)" : " (both resident)");
+  }
   return e;
 }
 

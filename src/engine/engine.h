@@ -46,6 +46,12 @@ struct EngineOptions {
   std::string
       tokenizer_path;  // empty: the model's own; else a GGUF or a directory with tokenizer.json
   int threads = 0;     // 0 = OpenMP's default
+  // Weight precision per phase: "native" (the checkpoint's own), "bf16" or
+  // "int4"; when they differ both sets stay resident. INT4 from a BF16/GGUF
+  // checkpoint is quantized at load (RTN, int4_group, symmetric).
+  std::string prefill_weights = "native", decode_weights = "native";
+  int int4_group = 128;
+  bool int4_lm_head = false;
   // KV cache.
   KvDType kv_dtype = KvDType::kBf16;
   // FP8 only: kStatic needs per-(layer, KV head) scales from a calibration

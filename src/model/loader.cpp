@@ -1,19 +1,27 @@
 // Name mapping and load-time transforms:
 //  - GGUF Llama files store q/k rows permuted for interleaved RoPE; we undo it
 //    so every architecture uses the half-split (NeoX) rotation.
+//  - INT4 (compressed-tensors) linears load as Q4 P16 matrices; a BF16 set
+//    from an INT4 checkpoint dequantizes them, an INT4 set from a BF16 one
+//    quantizes at load (RTN). Parts of a fused product (q|k|v, gate|up) are
+//    concatenated by rows either way.
 //  - Hugging Face Gemma norms hold w with the forward computing x*(1+w); GGUF
 //    files already store 1+w. We store 1+w, so the forward is x*w for all.
 #include "model/loader.h"
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 
 #include "core/threads.h"
+#include "io/compressed_tensors.h"
 #include "io/gguf.h"
 #include "kernels/cpu/kernels.h"
 #include "io/tensor_source.h"
+#include "model/ops.h"
 #include "numerics/bf16.h"
+#include "quant/rtn.h"
 
 namespace kvant {
 namespace {
@@ -75,8 +83,9 @@ struct Names {
 
 class Loader {
  public:
-  Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming)
-      : src_(src), cfg_(cfg), names_{naming, cfg.arch} {}
+  Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming, bool int4,
+         const WeightSetOptions& opts)
+      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts) {}
 
   Result<std::vector<float>> f32(const std::string& name, std::vector<int64_t> shape) {
     const TensorRef* t = src_.find(name);
@@ -88,6 +97,85 @@ class Loader {
   }
   bool has(const std::string& name) const { return !name.empty() && src_.find(name) != nullptr; }
 
+  static std::string base_of(const std::string& name) {
+    const std::string suffix = ".weight";
+    return name.size() > suffix.size() && name.ends_with(suffix)
+               ? name.substr(0, name.size() - suffix.size())
+               : name;
+  }
+  bool part_is_int4(const std::string& name) const { return has_int4_weight(src_, base_of(name)); }
+
+  // One part as FP32 [rows, cols]: a plain tensor, or an INT4 one dequantized.
+  Result<std::vector<float>> part_f32(const std::string& name, int64_t rows, int64_t cols) {
+    if (!part_is_int4(name)) return f32(name, {rows, cols});
+    auto q = read_int4_weight(src_, base_of(name));
+    if (!q) return q.error();
+    if (q->rows != rows || q->cols != cols)
+      return make_error(src_.path() + ": tensor " + base_of(name) + " is [" +
+                        std::to_string(q->rows) + ", " + std::to_string(q->cols) + "], expected " +
+                        fmt({rows, cols}));
+    std::vector<float> out(size_t(rows * cols));
+    dequantize(*q, out.data());
+    return out;
+  }
+
+  // Several [rows_i, cols] parts stacked into one product: fills m (BF16)
+  // or m4 (INT4) as the set asks. INT4 parts are taken as stored; FP32 ones
+  // are quantized with RTN (a short last group where the group size does
+  // not divide the input size). A product whose input size is not a
+  // multiple of 32 stays BF16.
+  Result<void> product(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+                       Matrix& m, Q4Matrix& m4, bool quantize,
+                       const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
+    bool stored_int4 = true;
+    for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.first);
+    if (!quantize || (!stored_int4 && cols % kernels::kQ4Block != 0)) {
+      auto r = matrix(parts, cols, transform);
+      if (!r) return r.error();
+      m = std::move(*r);
+      return {};
+    }
+    Int4Weight all;
+    all.cols = cols;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto& [name, rows] = parts[i];
+      Int4Weight w;
+      if (stored_int4) {
+        auto r = read_int4_weight(src_, base_of(name));
+        if (!r) return r.error();
+        if (r->rows != rows || r->cols != cols)
+          return make_error(src_.path() + ": tensor " + base_of(name) + " is [" +
+                            std::to_string(r->rows) + ", " + std::to_string(r->cols) +
+                            "], expected " + fmt({rows, cols}));
+        if (transform) return make_error(src_.path() + ": " + base_of(name) + ": INT4 rows cannot be permuted");
+        w = std::move(*r);
+      } else {
+        auto v = f32(name, {rows, cols});
+        if (!v) return v.error();
+        if (transform) transform(i, *v);
+        w = rtn_quantize(v->data(), rows, cols, opts_.int4_group, false);
+      }
+      if (i == 0) {
+        all.group = w.group;
+      } else if (w.group != all.group || w.zero.empty() != all.zero.empty()) {
+        return make_error(src_.path() + ": " + base_of(name) + " is quantized unlike " +
+                          base_of(parts[0].first) + " (group " + std::to_string(w.group) + " vs " +
+                          std::to_string(all.group) + "); they are fused into one product");
+      }
+      all.rows += rows;
+      all.q.insert(all.q.end(), w.q.begin(), w.q.end());
+      all.scale.insert(all.scale.end(), w.scale.begin(), w.scale.end());
+      all.zero.insert(all.zero.end(), w.zero.begin(), w.zero.end());
+    }
+    if (all.group % kernels::kQ4Block != 0 || all.cols % kernels::kQ4Block != 0)
+      return make_error(src_.path() + ": " + base_of(parts[0].first) + ": INT4 group size " +
+                        std::to_string(all.group) + " and input size " + std::to_string(all.cols) +
+                        " must be multiples of 32 for the INT4 kernels");
+    m4 = ops::pack_q4(all.q.data(), all.scale.data(), all.zero.empty() ? nullptr : all.zero.data(),
+                      all.rows, all.cols, all.group);
+    return {};
+  }
+
   // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
   Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
                         const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
@@ -97,7 +185,7 @@ class Loader {
     AlignedBuffer<uint16_t> rowmajor(size_t(m.rows * cols));
     int64_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
-      auto v = f32(parts[i].first, {parts[i].second, cols});
+      auto v = part_f32(parts[i].first, parts[i].second, cols);
       if (!v) return v.error();
       if (transform) transform(i, *v);
       uint16_t* dst = rowmajor.data() + row * cols;
@@ -125,15 +213,17 @@ class Loader {
     auto em = matrix({{names_.global("embed"), c.vocab}}, c.hidden);
     if (!em) return em.error();
     w.embed = std::move(*em);
-    if (!c.tie_embeddings || has(names_.global("output"))) {
-      if (has(names_.global("output"))) {
-        auto o = matrix({{names_.global("output"), c.vocab}}, c.hidden);
-        if (!o) return o.error();
-        w.output = std::move(*o);
+    if (!c.tie_embeddings || has(names_.global("output")) || part_is_int4(names_.global("output"))) {
+      const std::string out = names_.global("output");
+      if (has(out) || part_is_int4(out)) {
+        const bool q = int4_ && (part_is_int4(out) || opts_.int4_lm_head);
+        KV_TRY(product({{out, c.vocab}}, c.hidden, w.output, w.output_q4, q));
       } else if (!c.tie_embeddings) {
         return make_error(src_.path() + ": missing tensor " + names_.global("output"));
       }
     }
+    if (int4_ && opts_.int4_lm_head && w.output.rows == 0 && w.output_q4.empty())
+      KV_TRY(product({{names_.global("embed"), c.vocab}}, c.hidden, w.output, w.output_q4, true));
     auto on = norm(names_.global("out_norm"), c.hidden);
     if (!on) return on.error();
     w.out_norm = std::move(*on);
@@ -148,12 +238,13 @@ class Loader {
       auto N = [&](const char* role) { return names_.layer(i, role); };
       auto an = norm(N("attn_norm"), c.hidden); if (!an) return an.error();
       L.attn_norm = std::move(*an);
-      auto qkv = matrix({{N("wq"), c.q_dim()}, {N("wk"), c.kv_dim()}, {N("wv"), c.kv_dim()}}, c.hidden,
-                        [&](size_t part, std::vector<float>& v) {
-                          if (unpermute && part < 2) unpermute_rows(v, part == 0 ? c.heads : c.kv_heads, c.head_dim, c.hidden);
-                        });
-      if (!qkv) return qkv.error();
-      L.wqkv = std::move(*qkv);
+      std::function<void(size_t, std::vector<float>&)> perm;
+      if (unpermute)
+        perm = [&](size_t part, std::vector<float>& v) {
+          if (part < 2) unpermute_rows(v, part == 0 ? c.heads : c.kv_heads, c.head_dim, c.hidden);
+        };
+      KV_TRY(product({{N("wq"), c.q_dim()}, {N("wk"), c.kv_dim()}, {N("wv"), c.kv_dim()}}, c.hidden,
+                     L.wqkv, L.wqkv_q4, int4_, perm));
       if (c.qkv_bias) {
         for (auto [role, n] : {std::pair{"bq", c.q_dim()}, {"bk", c.kv_dim()}, {"bv", c.kv_dim()}}) {
           auto b = f32(N(role), {n});
@@ -167,14 +258,12 @@ class Loader {
         L.q_norm = std::move(*qn);
         L.k_norm = std::move(*kn);
       }
-      auto wo = matrix({{N("wo"), c.hidden}}, c.q_dim()); if (!wo) return wo.error();
-      L.wo = std::move(*wo);
+      KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_));
       auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
       L.ffn_norm = std::move(*fnm);
-      auto gu = matrix({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden); if (!gu) return gu.error();
-      L.w_gate_up = std::move(*gu);
-      auto wd = matrix({{N("w_down"), c.hidden}}, c.ffn); if (!wd) return wd.error();
-      L.w_down = std::move(*wd);
+      KV_TRY(product({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden, L.w_gate_up,
+                     L.w_gate_up_q4, int4_));
+      KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_));
       if (c.post_norms) {
         auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
         auto pf = norm(N("post_ffn_norm"), c.hidden); if (!pf) return pf.error();
@@ -211,11 +300,32 @@ class Loader {
   const TensorSource& src_;
   const ModelConfig& cfg_;
   Names names_;
+  bool int4_ = false;
+  WeightSetOptions opts_;
 };
 
 }  // namespace
 
-Result<LoadedModel> load_model(const std::string& path) {
+const char* weight_precision_name(WeightPrecision p) {
+  switch (p) {
+    case WeightPrecision::kBf16: return "bf16";
+    case WeightPrecision::kInt4: return "int4";
+    default: return "native";
+  }
+}
+
+bool checkpoint_is_int4(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return false;
+  std::ifstream f(fs::path(path) / "config.json");
+  if (!f) return false;
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded()) return false;
+  auto s = parse_quantization_config(j);
+  return s && s->has_value();
+}
+
+Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& opts) {
   namespace fs = std::filesystem;
   LoadedModel m;
   Naming naming;
@@ -234,7 +344,9 @@ Result<LoadedModel> load_model(const std::string& path) {
   }
   auto src = open_tensor_source(path);
   if (!src) return src.error();
-  Loader l(**src, m.config, naming);
+  const bool int4 = opts.precision == WeightPrecision::kInt4 ||
+                    (opts.precision == WeightPrecision::kNative && checkpoint_is_int4(path));
+  Loader l(**src, m.config, naming, int4, opts);
   auto w = l.load();
   if (!w) return w.error();
   m.weights = std::move(*w);

@@ -11,11 +11,28 @@
 
 namespace kvant {
 
+// Which form the linear layers of a weight set take. kNative: the
+// checkpoint's own (INT4 where it holds compressed-tensors W4A16 weights,
+// else BF16).
+enum class WeightPrecision : uint8_t { kNative, kBf16, kInt4 };
+const char* weight_precision_name(WeightPrecision p);
+
+struct WeightSetOptions {
+  WeightPrecision precision = WeightPrecision::kNative;
+  // Converting a BF16/FP8/GGUF checkpoint to INT4 at load: RTN, symmetric,
+  // this group size; layers whose input size it does not divide stay BF16.
+  int int4_group = 128;
+  bool int4_lm_head = false;  // also quantize the output projection
+};
+
 struct LoadedModel {
   ModelConfig config;
   ModelWeights weights;
 };
 
-Result<LoadedModel> load_model(const std::string& path);
+Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& opts = {});
+
+// True when the checkpoint at `path` holds INT4 (compressed-tensors) linears.
+bool checkpoint_is_int4(const std::string& path);
 
 }  // namespace kvant

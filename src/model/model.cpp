@@ -45,6 +45,7 @@ struct Model::Workspace {
   std::vector<TokenRef> items;  // [T], rebuilt each forward (capacity kept)
   AlignedBuffer<float> x, h, qkv, attn, gu, act, out;
   AlignedBuffer<uint16_t> xb;
+  ops::Q8Scratch q8;  // activations quantized for INT4 products
   AlignedBuffer<float> cos_g, sin_g, cos_l, sin_l;  // [T, hd/2]
   AlignedBuffer<float> scores;                      // [threads, max(group, kPrefillQueries) * ctx]
   // Prefill attention reads BF16 rows gathered per sequence: [rows, kv_dim].
@@ -96,18 +97,73 @@ std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd,
 
 }  // namespace
 
-Model::Model(ModelConfig cfg, ModelWeights w) : cfg_(std::move(cfg)), w_(std::move(w)) {
-  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.head_dim, w_.rope_freq_factors);
-  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, w_.rope_freq_factors);
+Model::Model(ModelConfig cfg, ModelWeights w) : cfg_(std::move(cfg)) {
+  sets_.push_back(std::move(w));
+  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.head_dim, sets_[0].rope_freq_factors);
+  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, sets_[0].rope_freq_factors);
   ws_ = std::make_unique<Workspace>();
+}
+
+Model::Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, int decode_set)
+    : cfg_(std::move(cfg)), sets_(std::move(sets)), prefill_set_(prefill_set), decode_set_(decode_set) {
+  KV_CHECK(!sets_.empty());
+  KV_CHECK(prefill_set_ >= 0 && prefill_set_ < int(sets_.size()));
+  KV_CHECK(decode_set_ >= 0 && decode_set_ < int(sets_.size()));
+  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.head_dim, sets_[0].rope_freq_factors);
+  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, sets_[0].rope_freq_factors);
+  ws_ = std::make_unique<Workspace>();
+}
+
+std::string Model::set_precision(int i) const {
+  int q4 = 0, total = 0;
+  for (const auto& L : sets_[size_t(i)].layers)
+    for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4}) {
+      q4 += !m->empty();
+      ++total;
+    }
+  return q4 == 0 ? "bf16" : q4 == total ? "int4" : "mixed";
+}
+
+size_t Model::set_bytes(int i) const {
+  const ModelWeights& w = sets_[size_t(i)];
+  size_t n = w.embed.packed.size() * 2 + w.output.packed.size() * 2 + w.output_q4.bytes();
+  for (const auto& L : w.layers) {
+    for (const Matrix* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) n += m->packed.size() * 2;
+    for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4}) n += m->bytes();
+  }
+  return n;
 }
 
 Model::~Model() = default;
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& path) {
-  auto m = load_model(path);
-  if (!m) return m.error();
-  return std::make_unique<Model>(std::move(m->config), std::move(m->weights));
+Result<std::unique_ptr<Model>> Model::load(const std::string& path, const WeightOptions& opts) {
+  // Resolve kNative to the checkpoint's form, then load each distinct form once.
+  const WeightPrecision native =
+      checkpoint_is_int4(path) ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
+  auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
+  const WeightPrecision want[2] = {resolve(opts.prefill), resolve(opts.decode)};
+  ModelConfig cfg;
+  std::vector<ModelWeights> sets;
+  std::vector<WeightPrecision> loaded;
+  int index[2] = {0, 0};
+  for (int phase = 0; phase < 2; ++phase) {
+    auto at = std::find(loaded.begin(), loaded.end(), want[phase]);
+    if (at != loaded.end()) {
+      index[phase] = int(at - loaded.begin());
+      continue;
+    }
+    WeightSetOptions so;
+    so.precision = want[phase];
+    so.int4_group = opts.int4_group;
+    so.int4_lm_head = opts.int4_lm_head;
+    auto m = load_model(path, so);
+    if (!m) return m.error();
+    cfg = std::move(m->config);
+    index[phase] = int(sets.size());
+    sets.push_back(std::move(m->weights));
+    loaded.push_back(want[phase]);
+  }
+  return std::make_unique<Model>(std::move(cfg), std::move(sets), index[0], index[1]);
 }
 
 void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t gather_rows) {
@@ -220,9 +276,30 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   ensure_workspace(T, max_ctx, std::max(max_pages, max_ctx), gather_rows);
   auto& ws = *ws_;
   // Embedding lookup (BF16 rows -> FP32), scaled for Gemma.
-  for (int64_t t = 0; t < T; ++t) {
-    w_.embed.row_f32(b.tokens[size_t(t)], c.embed_scale, ws.x.data() + t * c.hidden);
+  // Row segments by weight set: one-token chunks decode, longer ones prefill.
+  segs_.clear();
+  logit_segs_.clear();
+  {
+    int64_t t = 0, r = 0;
+    auto push = [](std::vector<RowSegment>& v, int64_t a, int64_t e, int set) {
+      if (!v.empty() && v.back().set == set && v.back().t1 == a)
+        v.back().t1 = e;
+      else
+        v.push_back({a, e, set});
+    };
+    for (auto& s : b.seqs) {
+      const int set = s.n_tokens == 1 ? decode_set_ : prefill_set_;
+      push(segs_, t, t + s.n_tokens, set);
+      const int64_t nl = s.all_logits ? s.n_tokens : 1;
+      push(logit_segs_, r, r + nl, set);
+      t += s.n_tokens;
+      r += nl;
+    }
   }
+  for (const auto& sg : segs_)
+    for (int64_t t = sg.t0; t < sg.t1; ++t)
+      sets_[size_t(sg.set)].embed.row_f32(b.tokens[size_t(t)], c.embed_scale,
+                                          ws.x.data() + t * c.hidden);
   ws.items.clear();
   {
     int64_t t = 0;
@@ -232,18 +309,24 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   rope_tables(b, T);
   for (int64_t l = 0; l < c.layers; ++l) layer_forward(l, b, T);
 
-  // Final norm and logits for the rows that want them.
+  // Final norm and logits for the rows that want them (each row with its
+  // chunk's weight set).
   int64_t r = 0, t0 = 0;
   for (auto& s : b.seqs) {
+    const int set = s.n_tokens == 1 ? decode_set_ : prefill_set_;
     const int64_t first = s.all_logits ? t0 : t0 + s.n_tokens - 1;
     for (int64_t t = first; t < t0 + s.n_tokens; ++t, ++r) {
-      ops::rmsnorm(ws.x.data() + t * c.hidden, w_.out_norm.data(), c.rms_eps,
+      ops::rmsnorm(ws.x.data() + t * c.hidden, sets_[size_t(set)].out_norm.data(), c.rms_eps,
                    ws.h.data() + r * c.hidden, c.hidden);
     }
     t0 += s.n_tokens;
   }
-  ops::to_bf16(ws.h.data(), c.hidden, ws.xb.data(), c.hidden, r, c.hidden);
-  ops::matmul(ws.xb.data(), c.hidden, w_.lm_head(), logits.data(), c.vocab, r);
+  for (const auto& sg : logit_segs_) {
+    const ModelWeights& W = sets_[size_t(sg.set)];
+    const Q4Matrix& head4 = W.output_q4;
+    ops::linear(ws.h.data() + sg.t0 * c.hidden, c.hidden, W.lm_head(), head4,
+                logits.data() + sg.t0 * c.vocab, c.vocab, sg.t1 - sg.t0, ws.xb.data(), ws.q8);
+  }
   if (c.final_softcap > 0.f) {
     for (int64_t i = 0; i < r * c.vocab; ++i)
       logits[size_t(i)] = std::tanh(logits[size_t(i)] / c.final_softcap) * c.final_softcap;
@@ -251,22 +334,39 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   return {};
 }
 
+// Product `which` (0 qkv, 1 o, 2 gate|up, 3 down) of layer l for every
+// row, each row segment through its weight set.
+void Model::linear(int64_t l, int which, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  auto& ws = *ws_;
+  if (observer_ && !segs_.empty()) observer_(l, which, x, ldx, segs_.back().t1);
+  for (const auto& sg : segs_) {
+    const LayerWeights& L = sets_[size_t(sg.set)].layers[size_t(l)];
+    const Matrix* W[] = {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down};
+    const Q4Matrix* W4[] = {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4};
+    ops::linear(x + sg.t0 * ldx, ldx, *W[which], *W4[which], y + sg.t0 * ldy, ldy, sg.t1 - sg.t0,
+                ws.xb.data(), ws.q8);
+  }
+}
+
 void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
-  const auto& L = w_.layers[size_t(l)];
   const auto& K = kernels::active();
   auto& ws = *ws_;
   const int64_t H = c.hidden, qkv_n = c.q_dim() + 2 * c.kv_dim();
+  auto layer_of = [&](int64_t t) -> const LayerWeights& {
+    for (const auto& sg : segs_)
+      if (t < sg.t1) return sets_[size_t(sg.set)].layers[size_t(l)];
+    return sets_[0].layers[size_t(l)];
+  };
 
   // Attention block.
   for (int64_t t = 0; t < T; ++t)
-    ops::rmsnorm(ws.x.data() + t * H, L.attn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
-  ops::to_bf16(ws.h.data(), H, ws.xb.data(), H, T, H);
-  ops::matmul(ws.xb.data(), H, L.wqkv, ws.qkv.data(), qkv_n, T);
+    ops::rmsnorm(ws.x.data() + t * H, layer_of(t).attn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
+  linear(l, 0, ws.h.data(), H, ws.qkv.data(), qkv_n);
   attention(l, b, T);
-  ops::to_bf16(ws.attn.data(), c.q_dim(), ws.xb.data(), c.q_dim(), T, c.q_dim());
-  ops::matmul(ws.xb.data(), c.q_dim(), L.wo, ws.out.data(), H, T);
+  linear(l, 1, ws.attn.data(), c.q_dim(), ws.out.data(), H);
   for (int64_t t = 0; t < T; ++t) {
+    const auto& L = layer_of(t);
     float* o = ws.out.data() + t * H;
     if (!L.post_attn_norm.empty()) ops::rmsnorm(o, L.post_attn_norm.data(), c.rms_eps, o, H);
     float* x = ws.x.data() + t * H;
@@ -275,9 +375,8 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
 
   // MLP block.
   for (int64_t t = 0; t < T; ++t)
-    ops::rmsnorm(ws.x.data() + t * H, L.ffn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
-  ops::to_bf16(ws.h.data(), H, ws.xb.data(), H, T, H);
-  ops::matmul(ws.xb.data(), H, L.w_gate_up, ws.gu.data(), 2 * c.ffn, T);
+    ops::rmsnorm(ws.x.data() + t * H, layer_of(t).ffn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
+  linear(l, 2, ws.h.data(), H, ws.gu.data(), 2 * c.ffn);
   for (int64_t t = 0; t < T; ++t) {
     const float* g = ws.gu.data() + t * 2 * c.ffn;
     float* a = ws.act.data() + t * c.ffn;
@@ -286,9 +385,9 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
     else
       K.silu_mul(g, g + c.ffn, a, c.ffn);
   }
-  ops::to_bf16(ws.act.data(), c.ffn, ws.xb.data(), c.ffn, T, c.ffn);
-  ops::matmul(ws.xb.data(), c.ffn, L.w_down, ws.out.data(), H, T);
+  linear(l, 3, ws.act.data(), c.ffn, ws.out.data(), H);
   for (int64_t t = 0; t < T; ++t) {
+    const auto& L = layer_of(t);
     float* o = ws.out.data() + t * H;
     if (!L.post_ffn_norm.empty()) ops::rmsnorm(o, L.post_ffn_norm.data(), c.rms_eps, o, H);
     float* x = ws.x.data() + t * H;
@@ -300,7 +399,8 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
 // into its page slot in the page dtype.
 void Model::store_kv(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
-  const auto& L = w_.layers[size_t(l)];
+  // Biases and QK-norms are the same in every weight set.
+  const auto& L = sets_[0].layers[size_t(l)];
   const auto& K = kernels::active();
   auto& ws = *ws_;
   const int64_t hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), qkv_n = qd + 2 * kvd;

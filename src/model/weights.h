@@ -21,9 +21,25 @@ struct Matrix {
   void row_f32(int64_t r, float scale, float* out) const;
 };
 
+// A linear layer's W4A16 weight [rows = out, cols = in] in the kernels' Q4
+// P16 layout (kernels/cpu/kernels.h): nibbles, BF16 group scales, and zero
+// offsets when the checkpoint is asymmetric.
+struct Q4Matrix {
+  AlignedBuffer<uint8_t> w;
+  AlignedBuffer<uint16_t> scales;
+  AlignedBuffer<uint8_t> offs;  // empty when symmetric
+  int64_t rows = 0, cols = 0, group = 0;
+  bool empty() const { return rows == 0; }
+  size_t bytes() const { return w.size() + scales.size() * 2 + offs.size(); }
+};
+
+// One weight set: every linear layer is either BF16 (Matrix) or INT4
+// (Q4Matrix, when its *_q4 field is non-empty); embeddings and norms are
+// always BF16/FP32. A model may hold two sets, one per phase (model.h).
 struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
   Matrix wqkv;                        // [q_dim + 2*kv_dim, hidden]
+  Q4Matrix wqkv_q4, wo_q4, w_gate_up_q4, w_down_q4;  // INT4 forms of the four products
   std::vector<float> bqkv;            // [q_dim + 2*kv_dim] or empty
   std::vector<float> q_norm, k_norm;  // [head_dim] or empty
   Matrix wo;                          // [hidden, q_dim]
@@ -37,6 +53,7 @@ struct LayerWeights {
 struct ModelWeights {
   Matrix embed;                  // [vocab, hidden]
   Matrix output;                 // [vocab, hidden]; empty when tied to embed
+  Q4Matrix output_q4;            // INT4 lm_head, when quantized
   std::vector<float> out_norm;   // [hidden]
   std::vector<float> rope_freq_factors;  // [head_dim/2] divisors (Llama 3 GGUF), or empty
   std::vector<LayerWeights> layers;

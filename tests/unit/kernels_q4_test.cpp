@@ -32,7 +32,7 @@ Q4Case make_q4(int64_t n, int64_t k, int64_t group, bool asym, uint32_t seed) {
   std::uniform_int_distribution<int> qd(-8, 7);
   std::uniform_real_distribution<float> sd(0.001f, 0.05f);
   Q4Case c;
-  const int64_t groups = k / group;
+  const int64_t groups = q4_groups(k, group);
   c.q.resize(size_t(n * k));
   for (auto& v : c.q) v = int8_t(qd(rng));
   c.scale.resize(size_t(n * groups));
@@ -75,11 +75,11 @@ Q8Case make_q8(int64_t m, int64_t k, uint32_t seed) {
 
 TEST(Q4Pack, LogicalValuesRoundTrip) {
   for (bool asym : {false, true}) {
-    auto c = make_q4(37, 128, 64, asym, 7);
+    auto c = make_q4(37, 160, 64, asym, 7);  // groups of 64, 64 and 32
     for (int64_t j = 0; j < 37; ++j)
-      for (int64_t col = 0; col < 128; ++col) {
-        const float z = asym ? c.zero[size_t(j * 2 + col / 64)] : 0.f;
-        const float want = (float(c.q[size_t(j * 128 + col)]) - z) * c.scale[size_t(j * 2 + col / 64)];
+      for (int64_t col = 0; col < 160; ++col) {
+        const float z = asym ? c.zero[size_t(j * 3 + col / 64)] : 0.f;
+        const float want = (float(c.q[size_t(j * 160 + col)]) - z) * c.scale[size_t(j * 3 + col / 64)];
         ASSERT_EQ(q4_weight(c.view, j, col), want) << j << "," << col << " asym " << asym;
       }
   }
@@ -115,7 +115,7 @@ TEST(GemmQ4, EveryVariantBitwiseEqualsReference) {
   std::printf("\n");
   struct Shape { int64_t n, k, group; };
   const Shape shapes[] = {{1, 32, 32}, {15, 64, 32}, {16, 128, 128}, {17, 128, 64},
-                          {40, 256, 128}, {100, 96, 32}, {64, 576, 64}};
+                          {40, 256, 128}, {100, 96, 32}, {64, 576, 64}, {48, 1536, 128}, {33, 576, 128}, {16, 96, 64}};
   uint32_t seed = 1;
   for (const auto& sh : shapes)
     for (bool asym : {false, true})
@@ -144,9 +144,10 @@ TEST(GemmQ4, EveryVariantBitwiseEqualsReference) {
 }
 
 TEST(GemmQ4, ReferenceMatchesDequantizedProduct) {
-  const int64_t n = 48, k = 256, m = 3;
-  for (bool asym : {false, true}) {
-    auto w = make_q4(n, k, 64, asym, 99);
+  const int64_t n = 48, k = 288, m = 3;  // 288 = 2 x 128 + 32: a short last group
+  for (bool asym : {false, true})
+   for (int64_t group : {32, 64, 128}) {
+    auto w = make_q4(n, k, group, asym, 99);
     auto x = make_q8(m, k, 100);
     std::vector<float> y(size_t(m * n));
     ref::gemm_q4(x.rows, w.view, y.data(), n, m, 0, n);
@@ -159,7 +160,7 @@ TEST(GemmQ4, ReferenceMatchesDequantizedProduct) {
         ref_energy += d * d;
       }
     // int8 activations per 32-block: NMSE ~ (1/254)^2 / 3 per element.
-    EXPECT_LT(err / ref_energy, 1e-4) << "asym " << asym;
+    EXPECT_LT(err / ref_energy, 1e-4) << "asym " << asym << " group " << group;
   }
 }
 

@@ -34,7 +34,8 @@ constexpr int64_t gemm_bf16_packed_size(int64_t n, int64_t k) {
 
 // INT4 weights for gemm_q4 ("Q4 P16", built at load by pack_q4 from the
 // logical W4A16 values). W [n, k] with k a multiple of kQ4Block (32) and a
-// group size g that is a multiple of 32 dividing k. Logical weight:
+// group size g that is a multiple of 32 (the last group of a row may be
+// shorter, see q4_groups). Logical weight:
 //   w[j, c] = (u[j, c] - o[j, c / g]) * s[j, c / g],  u in [0, 15]
 // where u = q + 8 for a signed nibble q in [-8, 7], o = 8 + zero (8 when
 // symmetric) and s the group's scale (BF16). Rows go in panels of 16; panel p
@@ -49,11 +50,14 @@ constexpr int64_t gemm_bf16_packed_size(int64_t n, int64_t k) {
 inline constexpr int64_t kQ4Block = 32;
 struct Q4Weights {
   const uint8_t* w = nullptr;        // n_panels * k * 8 bytes
-  const uint16_t* scales = nullptr;  // n_panels * (k / group) * 16
+  const uint16_t* scales = nullptr;  // n_panels * q4_groups(k, group) * 16
   const uint8_t* offs = nullptr;     // same count, or nullptr (symmetric)
   int64_t n = 0, k = 0, group = 0;
 };
 constexpr int64_t q4_panels(int64_t n) { return (n + 15) / 16; }
+// Groups per row: the last one may be short (k = 576 with g = 128 has four
+// groups of 128 and one of 64), as compressed-tensors writes them.
+constexpr int64_t q4_groups(int64_t k, int64_t group) { return (k + group - 1) / group; }
 
 // Activations as gemm_q4 reads them: each row of x (k FP32 values) cut into
 // blocks of 32, each block b stored as 32 int8 values a, a scale sa and the
@@ -67,10 +71,10 @@ struct Q8Rows {
 };
 
 // Packs logical W4A16 values into Q4 P16 (load time; any ISA). q: [n, k]
-// int8 in [-8, 7]; scale: [n, k / group] FP32 (rounded to BF16); zero: [n, k /
-// group] in [-8, 7] or nullptr. Outputs: w[q4_panels(n) * k * 8],
-// scales[q4_panels(n) * (k / group) * 16], offs (same count; written only when
-// zero != nullptr).
+// int8 in [-8, 7]; scale: [n, G] FP32 (rounded to BF16), G = q4_groups(k,
+// group); zero: [n, G] in [-8, 7] or nullptr. Outputs: w[q4_panels(n) * k * 8],
+// scales[q4_panels(n) * G * 16], offs (same count; written only when zero !=
+// nullptr).
 void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n, int64_t k,
              int64_t group, uint8_t* w, uint16_t* scales, uint8_t* offs);
 // Logical value of one weight of a packed matrix (tests, debugging).

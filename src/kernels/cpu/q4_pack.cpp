@@ -10,7 +10,7 @@ namespace kvant::kernels {
 
 void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n, int64_t k,
              int64_t group, uint8_t* w, uint16_t* scales, uint8_t* offs) {
-  const int64_t panels = q4_panels(n), groups = k / group, blocks = k / kQ4Block;
+  const int64_t panels = q4_panels(n), groups = q4_groups(k, group), blocks = k / kQ4Block;
   std::memset(w, 0, size_t(panels * k * 8));
   for (int64_t p = 0; p < panels; ++p) {
     uint8_t* pw = w + p * k * 8;
@@ -39,7 +39,7 @@ float q4_weight(const Q4Weights& W, int64_t row, int64_t col) {
   const int64_t p = row / 16, r = row % 16, b = col / 32, c = (col % 32) / 8, i = col % 8;
   const uint8_t byte = W.w[p * W.k * 8 + b * 256 + c * 64 + r * 4 + (i & 3)];
   const int u = i < 4 ? (byte & 15) : (byte >> 4);
-  const int64_t at = (p * (W.k / W.group) + col / W.group) * 16 + r;
+  const int64_t at = (p * q4_groups(W.k, W.group) + col / W.group) * 16 + r;
   const int o = W.offs ? W.offs[at] : 8;
   return float(u - o) * bf16_to_f32(W.scales[at]);
 }

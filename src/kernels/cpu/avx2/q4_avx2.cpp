@@ -32,7 +32,7 @@ template <int M>
 inline void q4_half(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p, int h, float* y,
                     int64_t ldy, int64_t j0, int64_t valid) {
   const __m256i nib = _mm256_set1_epi8(0x0f);
-  const int64_t groups = W.k / W.group, bpg = W.group / kQ4Block;
+  const int64_t groups = q4_groups(W.k, W.group), bpg = W.group / kQ4Block, nblk = W.k / kQ4Block;
   const uint8_t* pw = W.w + p * W.k * 8 + h * 32;
   __m256 yv[M];
   for (int t = 0; t < M; ++t) yv[t] = _mm256_setzero_ps();
@@ -43,7 +43,7 @@ inline void q4_half(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p, 
                : _mm256_set1_epi32(8);
     __m256 acc[M];
     for (int t = 0; t < M; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t bb = 0; bb < bpg; ++bb) {
+    for (int64_t bb = 0; bb < bpg && g * bpg + bb < nblk; ++bb) {
       const int64_t b = g * bpg + bb;
       __m256i s[M];
       for (int t = 0; t < M; ++t) s[t] = _mm256_setzero_si256();

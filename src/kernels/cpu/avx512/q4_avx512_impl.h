@@ -26,7 +26,7 @@ template <int M, bool Vnni>
 inline void q4_panel(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p, float* y,
                      int64_t ldy, int64_t j0, int64_t valid) {
   const __m512i nib = _mm512_set1_epi8(0x0f);
-  const int64_t groups = W.k / W.group, bpg = W.group / kQ4Block;
+  const int64_t groups = q4_groups(W.k, W.group), bpg = W.group / kQ4Block, nblk = W.k / kQ4Block;
   const uint8_t* pw = W.w + p * W.k * 8;
   const int8_t* a[M];
   const float* sa[M];
@@ -45,7 +45,7 @@ inline void q4_panel(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p,
                : _mm512_set1_epi32(8);
     __m512 acc[M];
     for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t bb = 0; bb < bpg; ++bb) {
+    for (int64_t bb = 0; bb < bpg && g * bpg + bb < nblk; ++bb) {
       const int64_t b = g * bpg + bb;
       const uint8_t* wb = pw + b * 256;
       __m512i s0[M], s1[M];

@@ -33,7 +33,7 @@ void quantize_q8(const float* x, int64_t k, int8_t* q, float* s, int32_t* sum) {
 
 void gemm_q4(const Q8Rows& x, const Q4Weights& W, float* y, int64_t ldy, int64_t m, int64_t n0,
              int64_t n1) {
-  const int64_t groups = W.k / W.group, bpg = W.group / kQ4Block;
+  const int64_t groups = q4_groups(W.k, W.group), bpg = W.group / kQ4Block, nblk = W.k / kQ4Block;
   for (int64_t i = 0; i < m; ++i) {
     const int8_t* a = x.q + i * x.ldq;
     const float* sa = x.s + i * x.lds;
@@ -46,7 +46,7 @@ void gemm_q4(const Q8Rows& x, const Q4Weights& W, float* y, int64_t ldy, int64_t
         const int64_t at = (p * groups + g) * 16 + r;
         const int32_t o = W.offs ? W.offs[at] : 8;
         float acc = 0.f;
-        for (int64_t bb = 0; bb < bpg; ++bb) {
+        for (int64_t bb = 0; bb < bpg && g * bpg + bb < nblk; ++bb) {
           const int64_t b = g * bpg + bb;
           int32_t isum = 0;
           for (int64_t c = 0; c < 4; ++c)
