@@ -173,14 +173,21 @@ Result<Int4Weight> read_int4_weight(const TensorSource& src, const std::string& 
   if (Sc.shape.size() != 2 || Sc.shape[0] != rows || Sc.shape[1] <= 0)
     return bad(Sc, "has shape " + shape_str(Sc.shape) + ", expected [" + std::to_string(rows) + ", cols/group]");
   const int64_t groups = Sc.shape[1];
-  if (cols % groups != 0)
-    return bad(Sc, "has " + std::to_string(groups) + " groups per row, which does not divide " +
-                       std::to_string(cols) + " columns");
+  // The group size: cols / groups when that divides; else the last group of
+  // each row is short and the size is the multiple of 32 that gives
+  // ceil(cols / group) == groups (576 columns in 5 groups: 128).
+  int64_t group = cols / groups;
+  if (cols % groups != 0) {
+    group = ((cols + groups - 1) / groups + 31) / 32 * 32;
+    if ((cols + group - 1) / group != groups)
+      return bad(Sc, "has " + std::to_string(groups) + " groups per row, which fits no group size for " +
+                         std::to_string(cols) + " columns");
+  }
 
   Int4Weight w;
   w.rows = rows;
   w.cols = cols;
-  w.group = cols / groups;
+  w.group = group;
 
   const TensorRef* Z = src.find(base + ".weight_zero_point");
   const int64_t zr = int64_t(int4_words_for(size_t(rows)));
@@ -227,7 +234,7 @@ Result<Int4Weight> read_int4_weight(const TensorSource& src, const std::string& 
 
 std::vector<TensorSpec> int4_weight_specs(const std::string& base, int64_t rows, int64_t cols,
                                           int64_t group, bool asymmetric) {
-  const int64_t groups = cols / group;
+  const int64_t groups = (cols + group - 1) / group;  // the last one may be short
   std::vector<TensorSpec> s = {
       {base + ".weight_packed", DType::I32, {rows, int64_t(int4_words_for(size_t(cols)))}},
       {base + ".weight_scale", DType::BF16, {rows, groups}},
@@ -246,8 +253,7 @@ uint64_t int4_weight_bytes(int64_t rows, int64_t cols, int64_t group, bool asymm
 
 std::vector<TensorData> int4_weight_tensors(const std::string& base, const Int4Weight& w) {
   KV_CHECK(w.rows > 0 && w.cols > 0 && w.group > 0);
-  KV_CHECK_EQ(w.cols % w.group, 0);
-  const int64_t groups = w.cols / w.group;
+  const int64_t groups = (w.cols + w.group - 1) / w.group;
   KV_CHECK_EQ(w.q.size(), size_t(w.rows * w.cols));
   KV_CHECK_EQ(w.scale.size(), size_t(w.rows * groups));
   KV_CHECK(w.zero.empty() || w.zero.size() == w.scale.size());

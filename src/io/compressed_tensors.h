@@ -2,9 +2,9 @@
 // "quantization_config" object of config.json, and the tensors of one
 // group-wise INT4 linear layer (docs/FORMATS.md, "INT4 weights"):
 //   <base>.weight_packed      I32 [rows, ceil(cols/8)]   nibble q+8, element i of a word at bits [4i, 4i+4)
-//   <base>.weight_scale       BF16 [rows, cols/group]    (F16/F32 accepted when reading)
+//   <base>.weight_scale       BF16 [rows, ceil(cols/group)] (F16/F32 accepted when reading)
 //   <base>.weight_shape       I32 [2] = {rows, cols}     (I64 accepted when reading)
-//   <base>.weight_zero_point  I32 [ceil(rows/8), cols/group], asymmetric only, packed along rows
+//   <base>.weight_zero_point  I32 [ceil(rows/8), ceil(cols/group)], asymmetric only, packed along rows
 // Owns the layout and its validation, in both directions. It does not
 // choose q, scales or zero points (quant/rtn.h) or multiply anything out
 // (the kernels).
@@ -24,10 +24,10 @@ namespace kvant {
 
 // Logical content of one W4A16 linear layer, whatever the file layout.
 struct Int4Weight {
-  int64_t rows = 0, cols = 0, group = 0;  // cols % group == 0
+  int64_t rows = 0, cols = 0, group = 0;  // the last group of a row may be short
   std::vector<int8_t> q;                  // [rows, cols], each in [-8, 7]
-  std::vector<float> scale;               // [rows, cols / group] (BF16-representable values)
-  std::vector<int8_t> zero;               // [rows, cols / group] in [-8, 7]; empty = symmetric
+  std::vector<float> scale;               // [rows, ceil(cols / group)] (BF16-representable values)
+  std::vector<int8_t> zero;               // [rows, ceil(cols / group)] in [-8, 7]; empty = symmetric
   // w[r, c] = (q[r, c] - zero[r, c / group]) * scale[r, c / group]
 };
 
@@ -53,7 +53,7 @@ Result<Int4Weight> read_int4_weight(const TensorSource& src, const std::string& 
 std::vector<TensorSpec> int4_weight_specs(const std::string& base, int64_t rows, int64_t cols,
                                           int64_t group, bool asymmetric);
 // The stored tensors of `w`. `w` must be consistent (sizes, value ranges,
-// cols % group == 0); a violation is a bug and aborts.
+// ceil(cols / group) scales per row); a violation is a bug and aborts.
 std::vector<TensorData> int4_weight_tensors(const std::string& base, const Int4Weight& w);
 // Bytes of those tensors (packed + scales + zero points + shape).
 uint64_t int4_weight_bytes(int64_t rows, int64_t cols, int64_t group, bool asymmetric);

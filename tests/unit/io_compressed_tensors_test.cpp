@@ -13,6 +13,7 @@
 #include <random>
 
 #include "io/compressed_tensors.h"
+#include "quant/rtn.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "numerics/bf16.h"
@@ -112,6 +113,29 @@ TEST(CompressedTensors, RoundTripSymmetricAndAsymmetric) {
     }
 }
 
+// A group size that does not divide the columns: ceil(cols / group) scales
+// per row, the last group short (576 = 4 x 128 + 64), as compressed-tensors
+// writes it; the reader recovers the group size from the scale count.
+TEST(CompressedTensors, ShortLastGroupRoundTrips) {
+  for (bool asym : {false, true}) {
+    std::vector<float> m(size_t(5 * 576));
+    for (size_t i = 0; i < m.size(); ++i) m[i] = float(int(i * 37 % 101) - 50) * 0.01f;
+    const Int4Weight w = rtn_quantize(m.data(), 5, 576, 128, asym);
+    ASSERT_EQ(w.scale.size(), size_t(5 * 5));
+    auto src = write_and_open(temp_dir("short"), int4_weight_tensors("x", w));
+    ASSERT_TRUE(src);
+    auto r = read_int4_weight(*src, "x");
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->group, 128);
+    EXPECT_EQ(r->q, w.q);
+    EXPECT_EQ(r->scale, w.scale);
+    EXPECT_EQ(r->zero, w.zero);
+    std::vector<float> back(m.size());
+    dequantize(*r, back.data());
+    for (size_t i = 0; i < m.size(); ++i) ASSERT_NEAR(back[i], m[i], 0.08) << i;
+  }
+}
+
 // Replaces one tensor of a valid weight's files and expects `needle` in the error.
 void expect_refused(const std::function<void(std::vector<TensorData>&)>& edit, const std::string& needle) {
   std::vector<TensorData> ts = int4_weight_tensors("x", random_weight(9, 24, 8, true, 7));
@@ -129,7 +153,7 @@ TEST(CompressedTensors, MalformedFilesAreClearErrors) {
   expect_refused([](auto& ts) { ts[0].spec.dtype = DType::F32; }, "x.weight_packed has dtype F32");
   expect_refused([](auto& ts) { ts[1].spec.dtype = DType::I16; }, "x.weight_scale has dtype I16");
   expect_refused([](auto& ts) { ts[0].spec.shape = {3, 9}; ts[0].bytes.resize(108); }, "x.weight_packed has shape [3, 9]");
-  expect_refused([](auto& ts) { ts[1].spec.shape = {9, 5}; ts[1].bytes.resize(90); }, "does not divide 24 columns");
+  expect_refused([](auto& ts) { ts[1].spec.shape = {9, 5}; ts[1].bytes.resize(90); }, "fits no group size for 24 columns");
   expect_refused([](auto& ts) { ts[1].spec.shape = {8, 3}; ts[1].bytes.resize(48); }, "x.weight_scale has shape [8, 3]");
   expect_refused([](auto& ts) { ts[3].spec.shape = {1, 3}; ts[3].bytes.resize(12); }, "x.weight_zero_point has shape [1, 3]");
   expect_refused([](auto& ts) { ts[2].bytes = raw(std::vector<int32_t>{9, 25}); }, "x.weight_packed has shape [9, 3]");
