@@ -245,6 +245,10 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
 
   fs::create_directories(o.out, ec);
   if (ec) return make_error(o.out + ": cannot create directory: " + ec.message());
+  // The input stays mapped while the output is written: never the same directory.
+  const fs::path src_dir = gguf ? fs::path(o.in).parent_path() : in_dir;
+  if (!gguf && fs::equivalent(src_dir.empty() ? fs::path(".") : src_dir, o.out, ec))
+    return make_error(o.out + ": is the input directory; write the quantized checkpoint elsewhere");
   auto wr = SafetensorsWriter::create(o.out, std::move(specs), o.max_shard_bytes);
   if (!wr) return wr.error();
   SafetensorsWriter& w = *wr;

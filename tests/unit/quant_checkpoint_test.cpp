@@ -227,6 +227,11 @@ TEST(QuantCheckpoint, AsymmetricKeepPatternAndGroup64) {
                {"model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.up_proj"});
   o.keep = {"("};
   EXPECT_FALSE(quantize_checkpoint(o).ok());
+  o.keep = {};
+  o.out = in;
+  auto same_dir = quantize_checkpoint(o);
+  ASSERT_FALSE(same_dir.ok());
+  EXPECT_NE(same_dir.error().message.find("is the input directory"), std::string::npos);
 }
 
 TEST(QuantCheckpoint, Fp8BlockScaledCheckpoint) {
