@@ -38,7 +38,7 @@ build() {
     -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$work/cmake.log"
-  nice -n 10 ninja -C "$work/build" -j "$jobs" llama-bench llama-quantize
+  nice -n 10 ninja -C "$work/build" -j "$jobs" llama-bench llama-quantize llama-perplexity
 }
 
 run() {

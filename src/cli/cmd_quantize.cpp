@@ -2,11 +2,16 @@
 // Face directory with compressed-tensors pack-quantized INT4 linears. Option
 // parsing, progress and the size report only; the work is quant/checkpoint.
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/threads.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "quant/awq_plan.h"
 #include "quant/checkpoint.h"
 
 namespace kvant::cli {
@@ -15,7 +20,8 @@ namespace {
 struct QuantizeCliOpts {
   std::string in, out, method = "rtn", calib;
   int group_size = 128;
-  bool asym = false, quantize_lm_head = false, json = false;
+  bool asym = false, quantize_lm_head = false, json = false, strict_groups = false;
+  int64_t calib_tokens = 4096, calib_rows = 256;
   std::vector<std::string> keep;
   int threads = 0;
 };
@@ -32,9 +38,33 @@ std::string mb(uint64_t b) {
 }
 
 int run_quantize(const QuantizeCliOpts& c) {
-  if (c.method == "awq") return fail("awq: not available in this build yet");
-  if (c.method != "rtn") return fail("--method must be rtn or awq, got '" + c.method + "'");
+  if (c.method != "rtn" && c.method != "awq")
+    return fail("--method must be rtn or awq, got '" + c.method + "'");
+  if (c.method == "awq" && c.calib.empty()) return fail("--method awq needs --calib TEXTFILE");
   set_num_threads(c.threads);
+  AwqPlan plan;
+  if (c.method == "awq") {
+    // Scales from the BF16 model on the calibration text (awq_plan.h).
+    std::ifstream f(c.calib, std::ios::binary);
+    if (!f) return fail("cannot open " + c.calib);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    auto tok = load_tokenizer_for(c.in, nullptr);
+    if (!tok) return fail(tok.error().message);
+    auto ids = (*tok)->encode(ss.str(), false, false);
+    if (int64_t(ids.size()) > c.calib_tokens) ids.resize(size_t(c.calib_tokens));
+    auto m = Model::load(c.in, {WeightPrecision::kBf16, WeightPrecision::kBf16});
+    if (!m) return fail(m.error().message);
+    std::fprintf(stderr, "awq: %zu calibration tokens from %s, searching scales...\n", ids.size(),
+                 c.calib.c_str());
+    AwqOptions ao;
+    ao.group = c.group_size;
+    ao.asym = c.asym;
+    auto p = awq_plan(**m, ids, 512, c.calib_rows, ao);
+    if (!p) return fail(p.error().message);
+    plan = std::move(*p);
+    for (const auto& line : plan.report) std::fprintf(stderr, "awq: %s\n", line.c_str());
+  }
   QuantizeOptions o;
   o.in = c.in;
   o.out = c.out;
@@ -42,6 +72,10 @@ int run_quantize(const QuantizeCliOpts& c) {
   o.asymmetric = c.asym;
   o.keep = c.keep;
   o.quantize_lm_head = c.quantize_lm_head;
+  o.strict_groups = c.strict_groups;
+  if (c.method == "awq")
+    o.adjust = [&plan](const std::string& name, const std::vector<int64_t>& shape,
+                       std::vector<float>& v) { plan.apply(name, shape, v); };
   o.progress = [](size_t i, size_t n, const std::string& name, bool q) {
     std::fprintf(stderr, "[%zu/%zu] %s %s\n", i, n, name.c_str(), q ? "int4" : "keep");
   };
@@ -58,8 +92,8 @@ int run_quantize(const QuantizeCliOpts& c) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("wrote %s (%lld tensors quantized to INT4, group %d, %s; %lld kept)\n", c.out.c_str(),
-              (long long)s.quantized_tensors, c.group_size, c.asym ? "asymmetric" : "symmetric",
+  std::printf("wrote %s (%lld tensors quantized to INT4, %s, group %d, %s; %lld kept)\n", c.out.c_str(),
+              (long long)s.quantized_tensors, c.method.c_str(), c.group_size, c.asym ? "asymmetric" : "symmetric",
               (long long)s.kept_tensors);
   std::printf("input size:  %s\noutput size: %s\n", mb(s.input_bytes).c_str(), mb(s.output_bytes).c_str());
   std::printf("quantized linears: %s as BF16 -> %s as INT4 (packed + scales + zeros), %.2fx smaller\n",
@@ -84,6 +118,13 @@ void register_quantize(CLI::App& app) {
   cmd->add_flag("--asym", o.asym, "asymmetric groups (a zero point per group)");
   cmd->add_option("--method", o.method, "rtn (default) or awq");
   cmd->add_option("--calib", o.calib, "calibration text file (awq)");
+  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (awq)")
+      ->check(CLI::Range(64, 1 << 24));
+  cmd->add_option("--calib-rows", o.calib_rows, "input rows per product in the scale search (awq)")
+      ->check(CLI::Range(16, 1 << 16));
+  cmd->add_flag("--strict-groups", o.strict_groups,
+                "keep linears whose input size the group does not divide in BF16 (default: a "
+                "short last group)");
   cmd->add_option("--keep", o.keep, "regex: matching tensors stay BF16 (repeatable)");
   cmd->add_flag("--quantize-lm-head", o.quantize_lm_head, "quantize lm_head too (unties tied embeddings)");
   cmd->add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::Range(1, 4096));

@@ -13,6 +13,7 @@ void register_all(CLI::App& app) {
   register_generate(app);
   register_plan(app);
   register_eval_kv(app);
+  register_eval_weights(app);
   register_serve(app);
   register_quantize(app);
 }

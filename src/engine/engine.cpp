@@ -96,6 +96,17 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_for(const std::string& model_p
                                                       std::string* chat_template) {
   namespace fs = std::filesystem;
   if (fs::is_directory(model_path)) {
+    const fs::path dir(model_path);
+    if (!fs::exists(dir / "tokenizer.json") && fs::exists(dir / "tokenizer.gguf")) {
+      // kvant quantize's output for a GGUF input: the tokenizer travels as a
+      // GGUF file with metadata only.
+      auto g = GgufFile::open((dir / "tokenizer.gguf").string());
+      if (!g) return g.error();
+      auto t = Tokenizer::from_gguf(*g);
+      if (!t) return t.error();
+      if (chat_template) *chat_template = g->get_string("tokenizer.chat_template").value_or("");
+      return std::make_unique<Tokenizer>(std::move(*t));
+    }
     auto t = Tokenizer::from_hf_json((fs::path(model_path) / "tokenizer.json").string());
     if (!t) return t.error();
     if (chat_template) *chat_template = read_hf_chat_template(model_path);

@@ -222,9 +222,14 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     bool q = linear && !is_int_dtype(it.src->dtype);
     if (q && std::any_of(keep.begin(), keep.end(), [&](const std::regex& r) { return std::regex_search(it.out, r); }))
       q = false;
-    if (q && it.shape[1] % o.group_size != 0) {
-      warn(it.out + ": " + std::to_string(it.shape[1]) + " columns are not a multiple of the group size " +
-           std::to_string(o.group_size) + "; kept in BF16");
+    // A group size that does not divide the columns leaves a short last
+    // group (ceil(cols / group) scales per row), which kvant and
+    // compressed-tensors read; strict_groups keeps such linears in BF16 for
+    // engines whose kernels need whole groups. Columns must be a multiple
+    // of 32 either way (kvant's INT4 kernels take 32 at a time).
+    if (q && it.shape[1] % o.group_size != 0 && (o.strict_groups || it.shape[1] % 32 != 0)) {
+      warn(it.out + ": " + std::to_string(it.shape[1]) + " columns are not a multiple of " +
+           std::to_string(o.strict_groups ? o.group_size : 32) + "; kept in BF16");
       q = false;
     }
     it.quantize = q;
@@ -270,6 +275,7 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     }
     if (it.add != 0.f)
       for (auto& x : v) x += it.add;
+    if (o.adjust) o.adjust(it.out, it.shape, v);
     if (it.quantize) {
       const Int4Weight q = rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size, o.asymmetric);
       const std::string base = it.out.substr(0, it.out.size() - 7);

@@ -8,8 +8,8 @@
 //
 // Kept at high precision: embeddings, lm_head (unless quantize_lm_head),
 // norms, biases, MoE routers (`mlp.gate.weight`), any linear whose columns
-// are not a multiple of the group (with a warning) and any name matching a
-// `keep` regex. 2-D kept tensors are written as BF16; 1-D ones keep F32 when
+// are not a multiple of 32 (or of the group, with strict_groups; with a
+// warning) and any name matching a `keep` regex. 2-D kept tensors are written as BF16; 1-D ones keep F32 when
 // the input has F32 (norms load bit-identical), else BF16.
 #pragma once
 
@@ -32,6 +32,16 @@ struct QuantizeOptions {
   std::vector<std::string> keep;  // ECMAScript regexes searched in each output tensor name
   bool quantize_lm_head = false;  // with tied embeddings: writes an untied lm_head.weight
   uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+  // Keep linears whose columns the group size does not divide in BF16
+  // (default: quantize them with a short last group).
+  bool strict_groups = false;
+  // Called with every tensor's FP32 values in the output's names and layout
+  // (Hugging Face, Gemma norms as w), before it is quantized or written:
+  // activation-aware scaling multiplies weight columns here and divides the
+  // preceding norm or rows to match.
+  std::function<void(const std::string& name, const std::vector<int64_t>& shape,
+                     std::vector<float>& values)>
+      adjust;
   // Called before each tensor is converted (i counts from 1) and for warnings.
   std::function<void(size_t i, size_t n, const std::string& name, bool quantized)> progress;
   std::function<void(const std::string&)> warn;

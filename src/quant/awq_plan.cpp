@@ -1,0 +1,117 @@
+// Calibration capture and scale folding for AWQ (awq_plan.h).
+#include "quant/awq_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "model/kv_view.h"
+
+namespace kvant {
+
+void AwqPlan::apply(const std::string& name, const std::vector<int64_t>& shape,
+                    std::vector<float>& v) const {
+  if (auto it = col_mul.find(name); it != col_mul.end() && shape.size() == 2) {
+    const auto& s = it->second;
+    const int64_t cols = shape[1];
+    for (size_t i = 0; i < v.size(); ++i) v[i] *= s[i % size_t(cols)];
+  }
+  if (auto it = row_div.find(name); it != row_div.end() && shape.size() == 2) {
+    const auto& s = it->second;
+    const int64_t cols = shape[1];
+    for (size_t i = 0; i < v.size(); ++i) v[i] /= s[i / size_t(cols)];
+  }
+  if (auto it = norm_div.find(name); it != norm_div.end()) {
+    const auto& s = it->second;
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = norm_plus_one ? (1.f + v[i]) / s[i] - 1.f : v[i] / s[i];
+  }
+}
+
+Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t chunk,
+                         int64_t sample_rows, const AwqOptions& o) {
+  const ModelConfig& c = model.config();
+  chunk = std::min<int64_t>(chunk, c.max_positions);
+  const int64_t n_chunks = int64_t(tokens.size()) / chunk;
+  if (n_chunks <= 0)
+    return make_error("awq: the calibration text has " + std::to_string(tokens.size()) +
+                      " tokens, fewer than one chunk of " + std::to_string(chunk));
+  const int64_t total = n_chunks * chunk;
+  const int64_t stride = std::max<int64_t>(1, total / sample_rows);
+  // Captured rows per (layer, product): 0 q|k|v (hidden), 2 gate|up (hidden), 3 down (ffn).
+  std::vector<std::vector<float>> cap(size_t(c.layers * 4));
+  int64_t row_base = 0;  // index of the chunk's first token among all calibration tokens
+  model.set_observer([&](int64_t l, int which, const float* x, int64_t ldx, int64_t rows) {
+    if (which == 1) return;
+    const int64_t cols = which == 3 ? c.ffn : c.hidden;
+    auto& dst = cap[size_t(l * 4 + which)];
+    for (int64_t r = 0; r < rows; ++r)
+      if ((row_base + r) % stride == 0 && int64_t(dst.size()) / cols < sample_rows)
+        dst.insert(dst.end(), x + r * ldx, x + r * ldx + cols);
+  });
+  std::vector<float> logits(size_t(c.vocab));
+  for (int64_t k = 0; k < n_chunks; ++k) {
+    SeqKv kv(c, chunk);
+    Batch b;
+    b.tokens.assign(tokens.begin() + k * chunk, tokens.begin() + (k + 1) * chunk);
+    b.seqs.push_back({&kv, 0, chunk, false});
+    row_base = k * chunk;
+    auto r = model.forward(b, logits);
+    if (!r) {
+      model.set_observer({});
+      return r.error();
+    }
+  }
+  model.set_observer({});
+
+  AwqPlan plan;
+  plan.norm_plus_one = c.arch == Arch::Gemma3;
+  const ModelWeights& W = model.weights();
+  auto matrix_f32 = [](const Matrix& m) {
+    std::vector<float> v(size_t(m.rows * m.cols));
+    for (int64_t r = 0; r < m.rows; ++r) m.row_f32(r, 1.f, v.data() + r * m.cols);
+    return v;
+  };
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const LayerWeights& L = W.layers[size_t(l)];
+    if (L.wqkv.rows == 0 || L.w_gate_up.rows == 0 || L.w_down.rows == 0)
+      return make_error("awq: the calibration model must hold BF16 weights");
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string ffn_norm =
+        p + (c.arch == Arch::Gemma3 ? "pre_feedforward_layernorm.weight"
+                                    : "post_attention_layernorm.weight");
+    struct Site {
+      int which;
+      const Matrix* m;
+      const char* label;
+    };
+    for (const Site& st : {Site{0, &L.wqkv, "q|k|v"}, Site{2, &L.w_gate_up, "gate|up"},
+                           Site{3, &L.w_down, "down"}}) {
+      const auto& x = cap[size_t(l * 4 + st.which)];
+      const int64_t cols = st.m->cols, n = int64_t(x.size()) / cols;
+      const auto w = matrix_f32(*st.m);
+      const AwqResult r = awq_search(w.data(), st.m->rows, cols, x.data(), n, o);
+      char line[160];
+      std::snprintf(line, sizeof line, "layer %2lld %-7s alpha %.2f  output MSE %.3g -> %.3g (%.1f%%)",
+                    (long long)l, st.label, r.alpha, r.mse_rtn, r.mse_best,
+                    r.mse_rtn > 0 ? 100.0 * r.mse_best / r.mse_rtn : 100.0);
+      plan.report.push_back(line);
+      if (r.alpha == 0.f) continue;
+      if (st.which == 0) {
+        for (const char* t : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                              "self_attn.v_proj.weight"})
+          plan.col_mul[p + t] = r.scale;
+        plan.norm_div[p + "input_layernorm.weight"] = r.scale;
+      } else if (st.which == 2) {
+        plan.col_mul[p + "mlp.gate_proj.weight"] = r.scale;
+        plan.col_mul[p + "mlp.up_proj.weight"] = r.scale;
+        plan.norm_div[ffn_norm] = r.scale;
+      } else {
+        plan.col_mul[p + "mlp.down_proj.weight"] = r.scale;
+        plan.row_div[p + "mlp.up_proj.weight"] = r.scale;
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace kvant
