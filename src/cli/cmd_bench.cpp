@@ -27,6 +27,10 @@ struct BenchOpts {
   std::string integrity = "on";    // on, off or on,off
   std::string kv_memory;
   std::string kv_scale = "dynamic";
+  // Weight precisions to compare: "bf16", "int4", "native", or "P/D" (prefill
+  // P, decode D, both resident), comma-separated.
+  std::string weights = "native";
+  int int4_group = 128;
   int requests_per_client = 2;
   int max_step_tokens = 512;
   int page_tokens = 16;
@@ -47,12 +51,39 @@ int fail(const std::string& msg) {
 }
 
 int run_batch_bench(const BenchOpts& o);
+std::vector<std::string> split_list(const std::string& s);
+
+// "P" or "P/D" -> (prefill, decode) precision names.
+std::pair<std::string, std::string> phase_weights(const std::string& spec) {
+  const size_t k = spec.find('/');
+  if (k == std::string::npos) return {spec, spec};
+  return {spec.substr(0, k), spec.substr(k + 1)};
+}
+
+Result<WeightPrecision> precision(const std::string& s) {
+  if (s == "native") return WeightPrecision::kNative;
+  if (s == "bf16") return WeightPrecision::kBf16;
+  if (s == "int4") return WeightPrecision::kInt4;
+  return make_error("--weights: expected native, bf16, int4 or P/D, got '" + s + "'");
+}
+
+int run_single(const BenchOpts& o, const std::string& wspec);
 
 int run_bench(const BenchOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   if (!o.concurrency.empty()) return run_batch_bench(o);
+  for (const auto& w : split_list(o.weights))
+    if (int rc = run_single(o, w); rc != 0) return rc;
+  return 0;
+}
+
+int run_single(const BenchOpts& o, const std::string& wspec) {
+  const auto [pw, dw] = phase_weights(wspec);
+  auto pp_prec = precision(pw), dd_prec = precision(dw);
+  if (!pp_prec) return fail(pp_prec.error().message);
+  if (!dd_prec) return fail(dd_prec.error().message);
   const double t_load = now_s();
-  auto m = Model::load(o.model);
+  auto m = Model::load(o.model, {*pp_prec, *dd_prec, o.int4_group, false});
   if (!m) {
     std::fprintf(stderr, "kvant: %s\n", m.error().message.c_str());
     return 1;
@@ -108,13 +139,21 @@ int run_bench(const BenchOpts& o) {
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
-        "\"weights\": \"bf16\", \"prompt_tokens\": %d, \"gen_tokens\": %d, \"reps\": %d, "
-        "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
-        o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.prompt_tokens, o.gen_tokens,
-        o.reps, pp_s, tg_s, load_s);
+        "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
+        "\"int4_group\": %d, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+        "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
+        o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, wspec.c_str(),
+        model.set_precision(model.prefill_set()).c_str(),
+        model.set_precision(model.decode_set()).c_str(), o.int4_group,
+        model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
+        load_s);
   } else {
-    std::printf("model %s (%s), %d threads, %s kernels, load %.2f s\n", o.model.c_str(),
-                c.arch_name.c_str(), num_threads(), isa, load_s);
+    std::printf("model %s (%s), %d threads, %s kernels, weights: prefill %s, decode %s "
+                "(%.1f MiB), load %.2f s\n",
+                o.model.c_str(), c.arch_name.c_str(), num_threads(), isa,
+                model.set_precision(model.prefill_set()).c_str(),
+                model.set_precision(model.decode_set()).c_str(),
+                double(model.set_bytes(model.decode_set())) / (1 << 20), load_s);
     std::printf("prefill pp%d: %.1f tok/s\ndecode tg%d: %.1f tok/s\n", o.prompt_tokens, pp_s,
                 o.gen_tokens, tg_s);
   }
@@ -152,9 +191,11 @@ struct ReqTiming {
 // One configuration: `conc` clients in a closed loop (a client submits its
 // next request when the previous one finishes), each request a random
 // prompt of P tokens generating exactly G tokens.
-int run_batch_config(const BenchOpts& o, const std::string& dtype, int conc, bool integrity,
-                     nlohmann::json& out) {
+int run_batch_config(const BenchOpts& o, const std::string& wspec, const std::string& dtype,
+                     int conc, bool integrity, nlohmann::json& out) {
   EngineFlags f;
+  std::tie(f.prefill_weights, f.decode_weights) = phase_weights(wspec);
+  f.int4_group = o.int4_group;
   f.model = o.model;
   f.threads = o.threads;
   f.kv_dtype = dtype;
@@ -245,6 +286,7 @@ int run_batch_config(const BenchOpts& o, const std::string& dtype, int conc, boo
     if (t.tokens > 1) tpot.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
   }
   nlohmann::json j;
+  j["weights"] = wspec;
   j["kv_dtype"] = dtype;
   j["kv_scale"] = dtype == "bf16" ? "none" : o.kv_scale;
   j["concurrency"] = conc;
@@ -268,10 +310,10 @@ int run_batch_config(const BenchOpts& o, const std::string& dtype, int conc, boo
   j["integrity_checks"] = s1.integrity_checks - s0.integrity_checks;
   j["verify_s"] = s1.verify_seconds - s0.verify_seconds;
   std::fprintf(stderr,
-               "%-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT "
+               "%-9s %-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT "
                "p50 %7.2f p95 "
                "%7.2f ms | preempt %lld | peak pages %lld/%lld\n",
-               dtype.c_str(), conc, integrity ? "on" : "off", double(gen) / wall,
+               wspec.c_str(), dtype.c_str(), conc, integrity ? "on" : "off", double(gen) / wall,
                percentile(ttft, 0.5), percentile(ttft, 0.95), percentile(tpot, 0.5),
                percentile(tpot, 0.95), (long long)(s1.preemptions - s0.preemptions),
                (long long)s1.kv_pages_peak, (long long)s1.kv_pages_total);
@@ -299,10 +341,11 @@ int run_batch_bench(const BenchOpts& o) {
     else
       return fail("--integrity takes on, off or on,off");
   }
-  for (auto& d : split_list(o.kv_dtypes))
-    for (int c : concs)
-      for (bool in : integ)
-        if (int rc = run_batch_config(o, d, c, in, configs); rc != 0) return rc;
+  for (auto& w : split_list(o.weights))
+    for (auto& d : split_list(o.kv_dtypes))
+      for (int c : concs)
+        for (bool in : integ)
+          if (int rc = run_batch_config(o, w, d, c, in, configs); rc != 0) return rc;
   nlohmann::json j;
   j["model"] = o.model;
   j["threads"] = num_threads();
@@ -328,6 +371,12 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->add_option("--concurrency", o.concurrency,
                   "batch mode through the engine: clients in a closed loop, e.g. 1,8,32,64");
+  cmd->add_option("--weights", o.weights,
+                  "weight precisions to compare: native, bf16, int4, or P/D (prefill P, decode D), "
+                  "comma-separated, e.g. bf16,int4,bf16/int4");
+  cmd->add_option("--int4-group", o.int4_group,
+                  "group size when int4 weights are quantized at load from a BF16/GGUF checkpoint")
+      ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_option("--kv-dtype", o.kv_dtypes, "batch mode: KV dtypes, e.g. bf16,fp8_e4m3");
   cmd->add_option("--kv-scale", o.kv_scale, "batch mode: FP8 scales, dynamic or static");
   cmd->add_option("--kv-memory", o.kv_memory, "batch mode: KV budget, e.g. 64MiB");

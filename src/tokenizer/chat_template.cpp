@@ -125,7 +125,8 @@ std::string render_llama3(std::span<const ChatMessage> msgs, bool gen, std::stri
 
 Result<ChatFormat> detect_chat_format(std::string_view t, std::string_view arch) {
   if (t.empty()) {
-    if (arch.rfind("gemma", 0) == 0) return ChatFormat::Gemma;
+    // "gemma3" from a GGUF, "Gemma3ForCausalLM" from a config.json.
+    if (arch.rfind("gemma", 0) == 0 || arch.rfind("Gemma", 0) == 0) return ChatFormat::Gemma;
     return make_error(
         "no chat template in the model and no default for architecture '" + std::string(arch) +
         "'; choose one with --chat-template (chatml, smollm2, qwen2, qwen2.5, gemma, llama3)");
