@@ -4,7 +4,8 @@
 // or -m quantized at load: "int4:g128", "int4:g32:asym" is not offered since
 // load-time quantization is symmetric), and the second half of each chunk is
 // scored, as llama.cpp's llama-perplexity does, so figures compare with its
-// --kl-divergence output: perplexity, and per candidate KL(reference ||
+// --kl-divergence output (a model that adds BOS gets it as each chunk's first
+// token, as there): perplexity, and per candidate KL(reference ||
 // candidate) mean / median / p99 / max, same-top-1 rate and the RMS of the
 // change in the probability of the actual next token. KV is BF16 throughout.
 #include <algorithm>
@@ -95,6 +96,8 @@ int run(const Opts& o) {
   auto tok = load_tokenizer_for(o.model, nullptr);
   if (!tok) return fail(tok.error().message);
   const auto toks = (*tok)->encode(ss.str(), false, false);
+  // As llama-perplexity: a model that adds BOS gets it as each chunk's first token.
+  const int32_t bos = (*tok)->adds_bos() ? (*tok)->bos_id() : -1;
   const int64_t L = std::min<int64_t>(o.ctx, c.max_positions);
   const int64_t chunks = std::min<int64_t>(o.chunks, int64_t(toks.size()) / L);
   if (chunks <= 0) return fail(o.text + " is shorter than one chunk of " + std::to_string(L));
@@ -112,7 +115,9 @@ int run(const Opts& o) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int32_t* ids = toks.data() + ch * L;
+    std::vector<int32_t> chunk_ids(toks.begin() + ch * L, toks.begin() + (ch + 1) * L);
+    if (bos >= 0) chunk_ids[0] = bos;
+    const int32_t* ids = chunk_ids.data();
     if (auto r = forward(**ref, ids, rl); !r) return fail(r.error().message);
     for (int64_t p = first; p + 1 < L; ++p) {
       log_softmax(rl.data() + p * V, V, lr);

@@ -19,9 +19,9 @@ void quantize_group_sym(const float* w, int n, int8_t* q, float* scale) {
   float m = 0;
   for (int i = 0; i < n; ++i)
     if (std::fabs(w[i]) > std::fabs(m)) m = w[i];
-  const float d = to_bf16(m / -8.f);
+  const float d0 = m / -8.f, d = to_bf16(d0);
   *scale = d;
-  for (int i = 0; i < n; ++i) q[i] = d == 0.f ? 0 : int8_t(clamp4(std::nearbyint(w[i] / d)));
+  for (int i = 0; i < n; ++i) q[i] = d == 0.f ? 0 : int8_t(clamp4(std::floor(w[i] / d0 + 0.5f)));
 }
 
 void quantize_group_asym(const float* w, int n, int8_t* q, float* scale, int8_t* zero) {

@@ -35,29 +35,29 @@ inline void q4_half(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p, 
   const int64_t groups = q4_groups(W.k, W.group), bpg = W.group / kQ4Block, nblk = W.k / kQ4Block;
   const uint8_t* pw = W.w + p * W.k * 8 + h * 32;
   __m256 yv[M];
-  for (int t = 0; t < M; ++t) yv[t] = _mm256_setzero_ps();
+  _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) yv[t] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = (p * groups + g) * 16 + h * 8;
     const __m256i ov =
         W.offs ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(W.offs + at)))
                : _mm256_set1_epi32(8);
     __m256 acc[M];
-    for (int t = 0; t < M; ++t) acc[t] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t bb = 0; bb < bpg && g * bpg + bb < nblk; ++bb) {
       const int64_t b = g * bpg + bb;
       __m256i s[M];
-      for (int t = 0; t < M; ++t) s[t] = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
+      _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) s[t] = _mm256_setzero_si256();
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pw + b * 256 + c * 64));
         const __m256i lo = _mm256_and_si256(raw, nib);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
-        for (int t = 0; t < M; ++t) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) {
           const int32_t* ad = reinterpret_cast<const int32_t*>(x.q + (i0 + t) * x.ldq + b * 32 + c * 8);
           s[t] = dot_u8s8(s[t], lo, _mm256_set1_epi32(ad[0]));
           s[t] = dot_u8s8(s[t], hi, _mm256_set1_epi32(ad[1]));
         }
       }
-      for (int t = 0; t < M; ++t) {
+      _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) {
         const int64_t r = (i0 + t) * x.lds + b;
         const __m256i isum =
             _mm256_sub_epi32(s[t], _mm256_mullo_epi32(ov, _mm256_set1_epi32(x.sum[r])));
@@ -65,9 +65,9 @@ inline void q4_half(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p, 
       }
     }
     const __m256 sw = load_bf16(W.scales + at);
-    for (int t = 0; t < M; ++t) yv[t] = _mm256_fmadd_ps(acc[t], sw, yv[t]);
+    _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) yv[t] = _mm256_fmadd_ps(acc[t], sw, yv[t]);
   }
-  for (int t = 0; t < M; ++t) store_part(y + (i0 + t) * ldy + j0 + h * 8, yv[t], valid - h * 8);
+  _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) store_part(y + (i0 + t) * ldy + j0 + h * 8, yv[t], valid - h * 8);
 }
 
 }  // namespace

@@ -31,46 +31,46 @@ inline void q4_panel(const Q8Rows& x, int64_t i0, const Q4Weights& W, int64_t p,
   const int8_t* a[M];
   const float* sa[M];
   const int32_t* asum[M];
-  for (int t = 0; t < M; ++t) {
+  _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) {
     a[t] = x.q + (i0 + t) * x.ldq;
     sa[t] = x.s + (i0 + t) * x.lds;
     asum[t] = x.sum + (i0 + t) * x.lds;
   }
   __m512 yv[M];
-  for (int t = 0; t < M; ++t) yv[t] = _mm512_setzero_ps();
+  _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) yv[t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t at = (p * groups + g) * 16;
     const __m512i ov =
         W.offs ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(W.offs + at)))
                : _mm512_set1_epi32(8);
     __m512 acc[M];
-    for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t bb = 0; bb < bpg && g * bpg + bb < nblk; ++bb) {
       const int64_t b = g * bpg + bb;
       const uint8_t* wb = pw + b * 256;
       __m512i s0[M], s1[M];
-      for (int t = 0; t < M; ++t) s0[t] = s1[t] = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
+      _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) s0[t] = s1[t] = _mm512_setzero_si512();
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(wb + c * 64);
         const __m512i lo = _mm512_and_si512(raw, nib);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
-        for (int t = 0; t < M; ++t) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) {
           const int32_t* ad = reinterpret_cast<const int32_t*>(a[t] + b * 32 + c * 8);
           s0[t] = dot_u8s8<Vnni>(s0[t], lo, _mm512_set1_epi32(ad[0]));
           s1[t] = dot_u8s8<Vnni>(s1[t], hi, _mm512_set1_epi32(ad[1]));
         }
       }
-      for (int t = 0; t < M; ++t) {
+      _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) {
         const __m512i isum = _mm512_sub_epi32(
             _mm512_add_epi32(s0[t], s1[t]), _mm512_mullo_epi32(ov, _mm512_set1_epi32(asum[t][b])));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(sa[t][b]), acc[t]);
       }
     }
     const __m512 sw = load_bf16(W.scales + at);
-    for (int t = 0; t < M; ++t) yv[t] = _mm512_fmadd_ps(acc[t], sw, yv[t]);
+    _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) yv[t] = _mm512_fmadd_ps(acc[t], sw, yv[t]);
   }
   const __mmask16 mk = mask16(valid);
-  for (int t = 0; t < M; ++t) _mm512_mask_storeu_ps(y + (i0 + t) * ldy + j0, mk, yv[t]);
+  _Pragma("GCC unroll 4") for (int t = 0; t < M; ++t) _mm512_mask_storeu_ps(y + (i0 + t) * ldy + j0, mk, yv[t]);
 }
 
 template <bool Vnni>
