@@ -31,6 +31,7 @@ struct BenchOpts {
   // P, decode D, both resident), comma-separated.
   std::string weights = "native";
   int int4_group = 128;
+  bool int4_lm_head = false;
   int requests_per_client = 2;
   int max_step_tokens = 512;
   int page_tokens = 16;
@@ -83,7 +84,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   if (!pp_prec) return fail(pp_prec.error().message);
   if (!dd_prec) return fail(dd_prec.error().message);
   const double t_load = now_s();
-  auto m = Model::load(o.model, {*pp_prec, *dd_prec, o.int4_group, false});
+  auto m = Model::load(o.model, {*pp_prec, *dd_prec, o.int4_group, o.int4_lm_head});
   if (!m) {
     std::fprintf(stderr, "kvant: %s\n", m.error().message.c_str());
     return 1;
@@ -140,12 +141,12 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
         "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
-        "\"int4_group\": %d, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+        "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
         "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
         o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, wspec.c_str(),
         model.set_precision(model.prefill_set()).c_str(),
         model.set_precision(model.decode_set()).c_str(), o.int4_group,
-        model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
+        o.int4_lm_head ? "true" : "false", model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
         load_s);
   } else {
     std::printf("model %s (%s), %d threads, %s kernels, weights: prefill %s, decode %s "
@@ -196,6 +197,7 @@ int run_batch_config(const BenchOpts& o, const std::string& wspec, const std::st
   EngineFlags f;
   std::tie(f.prefill_weights, f.decode_weights) = phase_weights(wspec);
   f.int4_group = o.int4_group;
+  f.int4_lm_head = o.int4_lm_head;
   f.model = o.model;
   f.threads = o.threads;
   f.kv_dtype = dtype;
@@ -377,6 +379,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--int4-group", o.int4_group,
                   "group size when int4 weights are quantized at load from a BF16/GGUF checkpoint")
       ->check(CLI::IsMember({32, 64, 128}));
+  cmd->add_flag("--int4-lm-head", o.int4_lm_head,
+                "quantizing at load: the output projection too");
   cmd->add_option("--kv-dtype", o.kv_dtypes, "batch mode: KV dtypes, e.g. bf16,fp8_e4m3");
   cmd->add_option("--kv-scale", o.kv_scale, "batch mode: FP8 scales, dynamic or static");
   cmd->add_option("--kv-memory", o.kv_memory, "batch mode: KV budget, e.g. 64MiB");
