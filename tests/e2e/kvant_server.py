@@ -26,8 +26,8 @@ def model_path():
 
 
 class Server:
-    def __init__(self, *extra, kv_memory="128MiB", threads=2):
-        self.args = [kvant_bin(), "serve", "-m", model_path(), "--port", "0", "-t", str(threads),
+    def __init__(self, *extra, kv_memory="128MiB", threads=2, model=None):
+        self.args = [kvant_bin(), "serve", "-m", model or model_path(), "--port", "0", "-t", str(threads),
                      "--kv-memory", kv_memory, *extra]
         self.proc = None
         self.port = None
