@@ -6,7 +6,8 @@
 # fetches or builds is committed: sources and binaries go to build-llamacpp/,
 # the BF16 model to models/, the JSON to bench/out/ (all git-ignored).
 #
-# usage: bench/llama_cpp.sh [build|run|all]   (default all)
+# usage: bench/llama_cpp.sh [build|run|kl|all]   (default all; kl: weight-quantization
+#        accuracy, see kl() below)
 #   JOBS=2 bench/llama_cpp.sh    build with 2 jobs (default 1: the machine is shared)
 #   THREADS=2 PP=512 TG=128      llama-bench settings
 set -euo pipefail
@@ -62,9 +63,44 @@ PY
   echo "wrote $json"
 }
 
+# Weight-quantization accuracy on llama.cpp's side: a BF16 GGUF of each model
+# (SmolLM2 and Gemma 3 270M; both sources are 4-bit GGUFs, so "BF16" means
+# their dequantized weights), requantized to Q4_0 and Q4_K_M, scored by
+# llama-perplexity with --kl-divergence against the BF16 logits on the same
+# WikiText-2 test chunks kvant eval-weights uses (CTX tokens, CHUNKS chunks,
+# the second half of each scored).
+kl() {
+  [[ -x "$bin/llama-perplexity" ]] || { echo "llama-perplexity not built; run '$0 build' first" >&2; exit 1; }
+  local text="$root/../shared/data/wikitext-2-raw/wiki.test.raw" ctx="${CTX:-512}" chunks="${CHUNKS:-16}"
+  mkdir -p "$out"
+  for src in "$q4" "$root/models/gemma-3-270m-q4_k_m.gguf"; do
+    [[ -f "$src" ]] || { echo "missing $src (scripts fetch it)" >&2; exit 1; }
+    local stem base
+    stem="$(basename "$src" .gguf)"
+    base="$root/models/$stem.BF16.gguf"
+    [[ -f "$base" ]] || "$bin/llama-quantize" --allow-requantize "$src" "$base" BF16 >/dev/null
+    for q in Q4_0 Q4_K_M; do
+      [[ -f "$root/models/$stem.$q.gguf" ]] ||
+        "$bin/llama-quantize" --allow-requantize "$base" "$root/models/$stem.$q.gguf" "$q" >/dev/null
+    done
+    local kld="$work/$stem.kld"
+    "$bin/llama-perplexity" -m "$base" -f "$text" -c "$ctx" --chunks "$chunks" -t "$threads" \
+      --kl-divergence-base "$kld" >"$out/llama_kl_${stem}_bf16.txt" 2>&1
+    grep -E "Final estimate" "$out/llama_kl_${stem}_bf16.txt" | sed "s/^/$stem BF16: /"
+    for q in Q4_0 Q4_K_M; do
+      "$bin/llama-perplexity" -m "$root/models/$stem.$q.gguf" -f "$text" -c "$ctx" --chunks "$chunks" \
+        -t "$threads" --kl-divergence-base "$kld" --kl-divergence >"$out/llama_kl_${stem}_$q.txt" 2>&1
+      echo "$stem $q:"
+      sed -n '/====== Perplexity statistics/,$p' "$out/llama_kl_${stem}_$q.txt" |
+        grep -E "^(Mean PPL\(Q\)|Mean    KLD|Maximum KLD|99.0%   KLD|Median  KLD|RMS Δp|Same top p)" || true
+    done
+  done
+}
+
 case "$stage" in
   build) build ;;
   run) run ;;
+  kl) kl ;;
   all) build; run ;;
-  *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|run|kl|all]" >&2; exit 2 ;;
 esac
