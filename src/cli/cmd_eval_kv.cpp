@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "engine/logprobs.h"
 #include "model/model.h"
 
 namespace kvant::cli {
@@ -87,16 +88,6 @@ struct Mode {
   double nll = 0;
 };
 
-// log-softmax of one row into out (double).
-void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
-  out.resize(size_t(n));
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(x[i]));
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
-  const double lse = mx + std::log(s);
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lse;
-}
 
 int run_eval(const EvalOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
@@ -160,7 +151,7 @@ int run_eval(const EvalOpts& o) {
     auto rb = make_batch(ref_kv);
     if (auto r = model.forward(rb, ref_logits); !r) return fail(r.error().message);
     for (int64_t w = 0; w < W; ++w) {
-      log_softmax(ref_logits.data() + w * V, V, lp_ref);
+      log_softmax({ref_logits.data() + w * V, size_t(V)}, lp_ref);
       ref_nll -= lp_ref[size_t((*toks)[size_t(w * L + pos + 1)])];
       ++ref_n;
     }
@@ -171,8 +162,8 @@ int run_eval(const EvalOpts& o) {
       for (int64_t w = 0; w < W; ++w) {
         const float* rr = ref_logits.data() + w * V;
         const float* cr = logits.data() + w * V;
-        log_softmax(rr, V, lp_ref);
-        log_softmax(cr, V, lp);
+        log_softmax({rr, size_t(V)}, lp_ref);
+        log_softmax({cr, size_t(V)}, lp);
         double kl = 0;
         for (int64_t i = 0; i < V; ++i)
           kl += std::exp(lp_ref[size_t(i)]) * (lp_ref[size_t(i)] - lp[size_t(i)]);

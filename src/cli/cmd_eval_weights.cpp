@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "engine/logprobs.h"
 #include "model/model.h"
 
 namespace kvant::cli {
@@ -46,15 +47,6 @@ struct Candidate {
   size_t bytes = 0;
 };
 
-void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
-  out.resize(size_t(n));
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(x[i]));
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
-  const double lse = mx + std::log(s);
-  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lse;
-}
 
 Result<std::unique_ptr<Model>> load_candidate(const std::string& base, const std::string& spec) {
   if (spec.rfind("int4:g", 0) == 0) {
@@ -120,15 +112,15 @@ int run(const Opts& o) {
     const int32_t* ids = chunk_ids.data();
     if (auto r = forward(**ref, ids, rl); !r) return fail(r.error().message);
     for (int64_t p = first; p + 1 < L; ++p) {
-      log_softmax(rl.data() + p * V, V, lr);
+      log_softmax({rl.data() + p * V, size_t(V)}, lr);
       ref_nll -= lr[size_t(ids[p + 1])];
       ++ref_n;
     }
     for (auto& cd : cands) {
       if (auto r = forward(*cd.model, ids, cl); !r) return fail(r.error().message);
       for (int64_t p = first; p + 1 < L; ++p) {
-        log_softmax(rl.data() + p * V, V, lr);
-        log_softmax(cl.data() + p * V, V, lc);
+        log_softmax({rl.data() + p * V, size_t(V)}, lr);
+        log_softmax({cl.data() + p * V, size_t(V)}, lc);
         double kl = 0;
         for (int64_t i = 0; i < V; ++i) kl += std::exp(lr[size_t(i)]) * (lr[size_t(i)] - lc[size_t(i)]);
         cd.kl.push_back(std::max(0.0, kl));

@@ -57,4 +57,14 @@ void compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t top
   for (int32_t j = 0; j < have; ++j) out.top[size_t(j)].logprob = lp(out.top[size_t(j)].token);
 }
 
+void log_softmax(std::span<const float> logits, std::vector<double>& out) {
+  out.resize(logits.size());
+  double mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, double(x));
+  double s = 0;
+  for (float x : logits) s += std::exp(double(x) - mx);
+  const double lse = mx + std::log(s);
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = double(logits[i]) - lse;
+}
+
 }  // namespace kvant

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace kvant {
 
@@ -31,6 +32,10 @@ struct StepLogprobs {
 // log(sum_i exp(logits[i])), through the kernel table's softmax on `scratch`
 // (at least logits.size() floats). -inf when every logit is -inf.
 double log_sum_exp(std::span<const float> logits, std::span<float> scratch);
+
+// The whole log-softmax of one row, in double precision (evaluation tools:
+// perplexity, KL divergence). `out` is resized to logits.size().
+void log_softmax(std::span<const float> logits, std::vector<double>& out);
 
 // Fills `out` with the log-softmax of `logits` at `chosen` and at the
 // min(top_n, kMaxTopLogprobs) largest logits. `scratch` as for log_sum_exp.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace kvant {
 namespace {
@@ -33,20 +34,7 @@ Golden read_golden(const std::string& dir, int64_t vocab, const char* file = "lo
   return g;
 }
 
-std::vector<float> run_chunked(Model& m, const std::vector<int32_t>& ids, int64_t chunk) {
-  const auto& c = m.config();
-  SeqKv kv(c, int64_t(ids.size()));
-  std::vector<float> out(ids.size() * size_t(c.vocab));
-  for (int64_t p = 0; p < int64_t(ids.size()); p += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(ids.size()) - p);
-    Batch b;
-    b.tokens.assign(ids.begin() + p, ids.begin() + p + n);
-    b.seqs.push_back({&kv, p, n, true});
-    auto r = m.forward(b, std::span<float>(out.data() + p * c.vocab, size_t(n * c.vocab)));
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  }
-  return out;
-}
+using test::run_chunked;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "model_test_util.h"
 #include "quant/checkpoint.h"
 
 namespace kvant {
@@ -27,10 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<int32_t> golden_ids(const std::string& name) {
-  std::ifstream f(std::string(KVANT_FIXTURES) + "/golden/" + name + "/ids.json");
-  return nlohmann::json::parse(f)["ids"].get<std::vector<int32_t>>();
-}
+using test::golden_ids;
 
 std::vector<float> read_f32(const std::string& path, size_t n) {
   std::vector<float> v(n);
@@ -41,15 +39,7 @@ std::vector<float> read_f32(const std::string& path, size_t n) {
 }
 
 std::vector<float> run(Model& m, const std::vector<int32_t>& ids) {
-  const auto& c = m.config();
-  SeqKv kv(c, int64_t(ids.size()));
-  std::vector<float> out(ids.size() * size_t(c.vocab));
-  Batch b;
-  b.tokens = ids;
-  b.seqs.push_back({&kv, 0, int64_t(ids.size()), true});
-  auto r = m.forward(b, out);
-  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  return out;
+  return test::run_chunked(m, ids, int64_t(ids.size()));
 }
 
 // Returns {max |a - b| / std(b), mean KL(b || a)}.
@@ -61,20 +51,7 @@ std::pair<double, double> compare(const std::vector<float>& got, const std::vect
   for (float x : ref) var += (x - mean) * (x - mean);
   const double sd = std::sqrt(var / double(ref.size()));
   for (size_t i = 0; i < ref.size(); ++i) maxd = std::max(maxd, std::fabs(double(got[i]) - ref[i]));
-  double kl = 0;
-  const int64_t rows = int64_t(ref.size()) / vocab;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = ref.data() + r * vocab;
-    const float* q = got.data() + r * vocab;
-    double mp = -1e30, mq = -1e30, sp = 0, sq = 0;
-    for (int64_t i = 0; i < vocab; ++i) mp = std::max(mp, double(p[i])), mq = std::max(mq, double(q[i]));
-    for (int64_t i = 0; i < vocab; ++i) sp += std::exp(p[i] - mp), sq += std::exp(q[i] - mq);
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double lp = p[i] - mp - std::log(sp), lq = q[i] - mq - std::log(sq);
-      kl += std::exp(lp) * (lp - lq);
-    }
-  }
-  return {maxd / sd, kl / double(rows)};
+  return {maxd / sd, test::mean_kl(ref, got, vocab)};
 }
 
 // The checkpoint through the INT4 kernels (int8 activations) and dequantized

@@ -11,49 +11,16 @@
 #include <nlohmann/json.hpp>
 
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace kvant {
 namespace {
 
-std::vector<int32_t> golden_ids(const std::string& dir) {
-  std::ifstream f(dir + "/ids.json");
-  return nlohmann::json::parse(f)["ids"].get<std::vector<int32_t>>();
-}
+using test::golden_ids;
+using test::mean_kl;
 
 std::vector<float> run(Model& m, const std::vector<int32_t>& ids, int64_t chunk) {
-  const auto& c = m.config();
-  SeqKv kv(c, int64_t(ids.size()));
-  std::vector<float> out(ids.size() * size_t(c.vocab));
-  for (int64_t p = 0; p < int64_t(ids.size()); p += chunk) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(ids.size()) - p);
-    Batch b;
-    b.tokens.assign(ids.begin() + p, ids.begin() + p + n);
-    b.seqs.push_back({&kv, p, n, true});
-    auto r = m.forward(b, std::span<float>(out.data() + p * c.vocab, size_t(n * c.vocab)));
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-  }
-  return out;
-}
-
-// Mean KL(p || q) over positions, p and q from logits rows.
-double mean_kl(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab) {
-  const int64_t rows = int64_t(a.size()) / vocab;
-  double total = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = a.data() + r * vocab;
-    const float* y = b.data() + r * vocab;
-    double mx = -1e30, my = -1e30;
-    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, double(x[i])), my = std::max(my, double(y[i]));
-    double sx = 0, sy = 0;
-    for (int64_t i = 0; i < vocab; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
-    double kl = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double lp = x[i] - mx - std::log(sx), lq = y[i] - my - std::log(sy);
-      kl += std::exp(lp) * (lp - lq);
-    }
-    total += kl;
-  }
-  return total / double(rows);
+  return test::run_chunked(m, ids, chunk);
 }
 
 class Int4ModelTest : public ::testing::TestWithParam<std::string> {
@@ -64,7 +31,7 @@ class Int4ModelTest : public ::testing::TestWithParam<std::string> {
 TEST_P(Int4ModelTest, QuantizedAtLoadStaysCloseToBf16) {
   auto bf = Model::load(dir(), {WeightPrecision::kBf16, WeightPrecision::kBf16});
   ASSERT_TRUE(bf.ok()) << bf.error().message;
-  const auto ids = golden_ids(dir());
+  const auto ids = golden_ids(GetParam());
   const auto ref = run(**bf, ids, int64_t(ids.size()));
   for (int group : {32, 64}) {
     WeightOptions o{WeightPrecision::kInt4, WeightPrecision::kInt4, group, false};
@@ -88,7 +55,7 @@ TEST_P(Int4ModelTest, QuantizedAtLoadStaysCloseToBf16) {
 }
 
 TEST_P(Int4ModelTest, EachPhaseRunsItsOwnSet) {
-  const auto ids = golden_ids(dir());
+  const auto ids = golden_ids(GetParam());
   const int64_t n = int64_t(ids.size());
   auto bf = Model::load(dir(), {WeightPrecision::kBf16, WeightPrecision::kBf16});
   auto q4 = Model::load(dir(), {WeightPrecision::kInt4, WeightPrecision::kInt4, 32, false});

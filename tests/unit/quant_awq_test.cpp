@@ -13,6 +13,7 @@
 #include <random>
 
 #include "model/model.h"
+#include "model_test_util.h"
 #include "quant/awq.h"
 #include "quant/awq_plan.h"
 #include "quant/checkpoint.h"
@@ -48,32 +49,9 @@ TEST(Awq, SearchCutsOutputErrorWithSalientChannels) {
 }
 
 std::vector<float> logits(Model& m, const std::vector<int32_t>& ids) {
-  const auto& c = m.config();
-  SeqKv kv(c, int64_t(ids.size()));
-  std::vector<float> out(ids.size() * size_t(c.vocab));
-  Batch b;
-  b.tokens = ids;
-  b.seqs.push_back({&kv, 0, int64_t(ids.size()), true});
-  EXPECT_TRUE(m.forward(b, out).ok());
-  return out;
+  return test::run_chunked(m, ids, int64_t(ids.size()));
 }
-
-double mean_kl(const std::vector<float>& a, const std::vector<float>& b, int64_t vocab) {
-  const int64_t rows = int64_t(a.size()) / vocab;
-  double total = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = a.data() + r * vocab;
-    const float* y = b.data() + r * vocab;
-    double mx = -1e30, my = -1e30, sx = 0, sy = 0;
-    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, double(x[i])), my = std::max(my, double(y[i]));
-    for (int64_t i = 0; i < vocab; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double lp = x[i] - mx - std::log(sx), lq = y[i] - my - std::log(sy);
-      total += std::exp(lp) * (lp - lq);
-    }
-  }
-  return total / double(rows);
-}
+using test::mean_kl;
 
 class AwqModelTest : public ::testing::TestWithParam<std::string> {};
 
