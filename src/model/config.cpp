@@ -3,6 +3,7 @@
 // settings moved from rope_scaling/rope_theta to rope_parameters in v5).
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -157,7 +158,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   c.arch_name = archs;
   if (archs == "LlamaForCausalLM" || archs == "MistralForCausalLM") c.arch = Arch::Llama;
   else if (archs == "Qwen2ForCausalLM") c.arch = Arch::Qwen2;
-  else if (archs == "Qwen3ForCausalLM") c.arch = Arch::Qwen3;
+  else if (archs == "Qwen3ForCausalLM" || archs == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3;
   else if (archs == "Gemma3ForCausalLM") c.arch = Arch::Gemma3;
   else return make_error(path + ": unsupported architecture '" + archs + "'");
 
@@ -222,6 +223,26 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
     if (c.arch == Arch::Qwen3) {
       c.qk_norm = true;
       c.qkv_bias = j.value("attention_bias", false);
+    }
+    if (archs == "Qwen3MoeForCausalLM") {
+      // Softmax top-k routing; layer i is sparse unless listed in
+      // mlp_only_layers, and then only every decoder_sparse_step-th.
+      // transformers 5 writes num_local_experts, earlier versions num_experts.
+      c.n_experts = j.value("num_experts", j.value("num_local_experts", int64_t(0)));
+      c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
+      c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
+      c.moe_norm_topk = j.value("norm_topk_prob", false);
+      if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0)
+        return make_error(path + ": Qwen3-MoE needs num_experts, num_experts_per_tok <= num_experts "
+                                 "and moe_intermediate_size");
+      const int64_t step = std::max<int64_t>(1, j.value("decoder_sparse_step", int64_t(1)));
+      std::vector<int64_t> dense_only;
+      if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array())
+        dense_only = j["mlp_only_layers"].get<std::vector<int64_t>>();
+      c.moe_layer.assign(size_t(c.layers), 0);
+      for (int64_t i = 0; i < c.layers; ++i)
+        c.moe_layer[size_t(i)] =
+            std::find(dense_only.begin(), dense_only.end(), i) == dense_only.end() && (i + 1) % step == 0;
     }
     std::string act = j.value("hidden_act", std::string("silu"));
     if (act != "silu") return make_error(path + ": unsupported hidden_act '" + act + "'");

@@ -52,6 +52,13 @@ struct ModelConfig {
   RopeConfig rope_local;           // sliding layers (Gemma 3 uses another base)
   int32_t bos_id = -1;
   int32_t eos_id = -1;
+  // Mixture of experts (0 experts: every layer dense). moe_layer[i] = 1 where
+  // layer i's MLP is the routed one.
+  int64_t n_experts = 0;
+  int64_t moe_top_k = 0;
+  int64_t moe_ffn = 0;  // each expert's intermediate size
+  bool moe_norm_topk = false;
+  std::vector<uint8_t> moe_layer;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

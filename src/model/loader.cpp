@@ -176,6 +176,28 @@ class Loader {
     return {};
   }
 
+  // A routed MLP: the router (BF16 always) and each expert's gate|up and
+  // down products, in the set's precision. Hugging Face names only.
+  Result<void> moe(int64_t i, LayerWeights& L) {
+    const auto& c = cfg_;
+    if (names_.naming != Naming::Hf)
+      return make_error(src_.path() + ": mixture-of-experts layers load from Hugging Face "
+                                      "checkpoints only");
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.";
+    auto r = matrix({{p + "gate.weight", c.n_experts}}, c.hidden);
+    if (!r) return r.error();
+    L.router = std::move(*r);
+    L.experts.resize(size_t(c.n_experts));
+    for (int64_t e = 0; e < c.n_experts; ++e) {
+      const std::string x = p + "experts." + std::to_string(e) + ".";
+      ExpertWeights& E = L.experts[size_t(e)];
+      KV_TRY(product({{x + "gate_proj.weight", c.moe_ffn}, {x + "up_proj.weight", c.moe_ffn}}, c.hidden,
+                     E.gate_up, E.gate_up_q4, int4_));
+      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_ffn, E.down, E.down_q4, int4_));
+    }
+    return {};
+  }
+
   // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
   Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
                         const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
@@ -261,9 +283,13 @@ class Loader {
       KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_));
       auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
       L.ffn_norm = std::move(*fnm);
-      KV_TRY(product({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden, L.w_gate_up,
-                     L.w_gate_up_q4, int4_));
-      KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_));
+      if (!c.moe_layer.empty() && c.moe_layer[size_t(i)]) {
+        KV_TRY(moe(i, L));
+      } else {
+        KV_TRY(product({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden, L.w_gate_up,
+                       L.w_gate_up_q4, int4_));
+        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_));
+      }
       if (c.post_norms) {
         auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
         auto pf = norm(N("post_ffn_norm"), c.hidden); if (!pf) return pf.error();

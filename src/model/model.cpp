@@ -11,6 +11,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/kernels.h"
 #include "model/loader.h"
+#include "model/moe_router.h"
 #include "model/ops.h"
 #include "numerics/bf16.h"
 #include "numerics/fp8.h"
@@ -44,6 +45,12 @@ struct Model::Workspace {
   int64_t tokens = 0, ctx = 0;
   std::vector<TokenRef> items;  // [T], rebuilt each forward (capacity kept)
   AlignedBuffer<float> x, h, qkv, attn, gu, act, out;
+  // MoE layers: router logits [T, E], the chosen experts and weights [T, k],
+  // where each (token, choice) row sits in the expert-sorted buffers, and
+  // those buffers: inputs [T*k, H], gate|up [T*k, 2F], act [T*k, F], out [T*k, H].
+  AlignedBuffer<float> moe_logits, moe_w, moe_x, moe_gu, moe_act, moe_y, moe_scratch;
+  std::vector<int32_t> moe_ids;
+  std::vector<int64_t> moe_slot, moe_count;
   AlignedBuffer<uint16_t> xb;
   ops::Q8Scratch q8;  // activations quantized for INT4 products
   AlignedBuffer<float> cos_g, sin_g, cos_l, sin_l;  // [T, hd/2]
@@ -116,11 +123,23 @@ Model::Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, i
 
 std::string Model::set_precision(int i) const {
   int q4 = 0, total = 0;
-  for (const auto& L : sets_[size_t(i)].layers)
-    for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4}) {
+  for (const auto& L : sets_[size_t(i)].layers) {
+    for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4}) {
       q4 += !m->empty();
       ++total;
     }
+    if (L.experts.empty()) {
+      for (const Q4Matrix* m : {&L.w_gate_up_q4, &L.w_down_q4}) {
+        q4 += !m->empty();
+        ++total;
+      }
+    }
+    for (const auto& X : L.experts)
+      for (const Q4Matrix* m : {&X.gate_up_q4, &X.down_q4}) {
+        q4 += !m->empty();
+        ++total;
+      }
+  }
   return q4 == 0 ? "bf16" : q4 == total ? "int4" : "mixed";
 }
 
@@ -130,6 +149,10 @@ size_t Model::set_bytes(int i) const {
   for (const auto& L : w.layers) {
     for (const Matrix* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) n += m->packed.size() * 2;
     for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4}) n += m->bytes();
+    n += L.router.packed.size() * 2;
+    for (const auto& X : L.experts)
+      n += X.gate_up.packed.size() * 2 + X.down.packed.size() * 2 + X.gate_up_q4.bytes() +
+           X.down_q4.bytes();
   }
   return n;
 }
@@ -171,7 +194,7 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
   if (T > ws.tokens) {
     const auto& c = cfg_;
     const int64_t qkv = c.q_dim() + 2 * c.kv_dim();
-    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn});
+    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn});
     ws.x = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.h = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.out = AlignedBuffer<float>(size_t(T * c.hidden));
@@ -180,6 +203,18 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
     ws.gu = AlignedBuffer<float>(size_t(T * 2 * c.ffn));
     ws.act = AlignedBuffer<float>(size_t(T * c.ffn));
     ws.xb = AlignedBuffer<uint16_t>(size_t(T * widest));
+    if (c.n_experts > 0) {
+      const int64_t Tk = T * c.moe_top_k;
+      ws.moe_logits = AlignedBuffer<float>(size_t(T * c.n_experts));
+      ws.moe_w = AlignedBuffer<float>(size_t(Tk));
+      ws.moe_x = AlignedBuffer<float>(size_t(Tk * c.hidden));
+      ws.moe_gu = AlignedBuffer<float>(size_t(Tk * 2 * c.moe_ffn));
+      ws.moe_act = AlignedBuffer<float>(size_t(Tk * c.moe_ffn));
+      ws.moe_y = AlignedBuffer<float>(size_t(Tk * c.hidden));
+      ws.moe_scratch = AlignedBuffer<float>(size_t(2 * c.n_experts + 1));
+      ws.moe_ids.resize(size_t(Tk));
+      ws.moe_slot.resize(size_t(Tk));
+    }
     const size_t half = size_t(T * c.head_dim / 2);
     ws.cos_g = AlignedBuffer<float>(half);
     ws.sin_g = AlignedBuffer<float>(half);
@@ -348,6 +383,67 @@ void Model::linear(int64_t l, int which, const float* x, int64_t ldx, float* y, 
   }
 }
 
+// The routed MLP of layer l on ws.h (normed rows) into ws.out, grouped by
+// expert: each expert's tokens are gathered into consecutive rows and go
+// through its products together, then every token sums its experts' outputs
+// in ascending expert order (so a token's result does not depend on the
+// batch). Each row segment uses its weight set's experts.
+void Model::moe_forward(int64_t l) {
+  const auto& c = cfg_;
+  const auto& K = kernels::active();
+  auto& ws = *ws_;
+  const int64_t H = c.hidden, F = c.moe_ffn, E = c.n_experts, k = c.moe_top_k;
+  static const Q4Matrix kNoQ4;
+  const RouterConfig rc{RouterScoring::kSoftmax, int(E), int(k), 1, 1, c.moe_norm_topk, 1.f};
+  for (const auto& sg : segs_) {
+    const LayerWeights& L = sets_[size_t(sg.set)].layers[size_t(l)];
+    const int64_t n = sg.t1 - sg.t0;
+    const float* h = ws.h.data() + sg.t0 * H;
+    ops::linear(h, H, L.router, kNoQ4, ws.moe_logits.data(), E, n, ws.xb.data(), ws.q8);
+    route_tokens(rc, ws.moe_logits.data(), nullptr, n, ws.moe_ids.data(), ws.moe_w.data(),
+                 ws.moe_scratch.data());
+    // Counting sort of the (token, choice) pairs by expert.
+    ws.moe_count.assign(size_t(E + 1), 0);
+    for (int64_t i = 0; i < n * k; ++i) ++ws.moe_count[size_t(ws.moe_ids[size_t(i)]) + 1];
+    for (int64_t e = 0; e < E; ++e) ws.moe_count[size_t(e + 1)] += ws.moe_count[size_t(e)];
+    std::vector<int64_t>& next = ws.moe_slot;  // reused: slot of pair i
+    {
+      std::vector<int64_t> fill(ws.moe_count.begin(), ws.moe_count.end() - 1);
+      for (int64_t i = 0; i < n * k; ++i) {
+        const int64_t row = fill[size_t(ws.moe_ids[size_t(i)])]++;
+        next[size_t(i)] = row;
+        std::memcpy(ws.moe_x.data() + row * H, h + (i / k) * H, size_t(H) * sizeof(float));
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = ws.moe_count[size_t(e)], m = ws.moe_count[size_t(e + 1)] - r0;
+      if (m == 0) continue;
+      const ExpertWeights& X = L.experts[size_t(e)];
+      ops::linear(ws.moe_x.data() + r0 * H, H, X.gate_up, X.gate_up_q4,
+                  ws.moe_gu.data() + r0 * 2 * F, 2 * F, m, ws.xb.data(), ws.q8);
+      for (int64_t r = r0; r < r0 + m; ++r) {
+        const float* g = ws.moe_gu.data() + r * 2 * F;
+        float* a = ws.moe_act.data() + r * F;
+        if (c.act == Activation::GeluTanh)
+          K.gelu_tanh_mul(g, g + F, a, F);
+        else
+          K.silu_mul(g, g + F, a, F);
+      }
+      ops::linear(ws.moe_act.data() + r0 * F, F, X.down, X.down_q4, ws.moe_y.data() + r0 * H, H, m,
+                  ws.xb.data(), ws.q8);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = ws.out.data() + (sg.t0 + t) * H;
+      std::fill(o, o + H, 0.f);
+      for (int64_t j = 0; j < k; ++j) {  // route_tokens lists experts in ascending order
+        const float w = ws.moe_w[size_t(t * k + j)];
+        const float* y = ws.moe_y.data() + next[size_t(t * k + j)] * H;
+        for (int64_t d = 0; d < H; ++d) o[d] = std::fma(w, y[d], o[d]);
+      }
+    }
+  }
+}
+
 void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   const auto& c = cfg_;
   const auto& K = kernels::active();
@@ -376,16 +472,20 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   // MLP block.
   for (int64_t t = 0; t < T; ++t)
     ops::rmsnorm(ws.x.data() + t * H, layer_of(t).ffn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
-  linear(l, 2, ws.h.data(), H, ws.gu.data(), 2 * c.ffn);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* g = ws.gu.data() + t * 2 * c.ffn;
-    float* a = ws.act.data() + t * c.ffn;
-    if (c.act == Activation::GeluTanh)
-      K.gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
-    else
-      K.silu_mul(g, g + c.ffn, a, c.ffn);
+  if (!c.moe_layer.empty() && c.moe_layer[size_t(l)]) {
+    moe_forward(l);
+  } else {
+    linear(l, 2, ws.h.data(), H, ws.gu.data(), 2 * c.ffn);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* g = ws.gu.data() + t * 2 * c.ffn;
+      float* a = ws.act.data() + t * c.ffn;
+      if (c.act == Activation::GeluTanh)
+        K.gelu_tanh_mul(g, g + c.ffn, a, c.ffn);
+      else
+        K.silu_mul(g, g + c.ffn, a, c.ffn);
+    }
+    linear(l, 3, ws.act.data(), c.ffn, ws.out.data(), H);
   }
-  linear(l, 3, ws.act.data(), c.ffn, ws.out.data(), H);
   for (int64_t t = 0; t < T; ++t) {
     const auto& L = layer_of(t);
     float* o = ws.out.data() + t * H;

@@ -83,6 +83,7 @@ class Model {
   void store_kv(int64_t layer, const Batch& b, int64_t T);
   void gather_kv(int64_t layer, const Batch& b);
   void layer_forward(int64_t layer, const Batch& b, int64_t T);
+  void moe_forward(int64_t layer);
   void attention(int64_t layer, const Batch& b, int64_t T);
   void rope_tables(const Batch& b, int64_t T);
 

@@ -36,6 +36,13 @@ struct Q4Matrix {
 // One weight set: every linear layer is either BF16 (Matrix) or INT4
 // (Q4Matrix, when its *_q4 field is non-empty); embeddings and norms are
 // always BF16/FP32. A model may hold two sets, one per phase (model.h).
+// One routed expert's gated MLP: BF16 or INT4 like the dense products.
+struct ExpertWeights {
+  Matrix gate_up;  // [2*moe_ffn, hidden]
+  Matrix down;     // [hidden, moe_ffn]
+  Q4Matrix gate_up_q4, down_q4;
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
   Matrix wqkv;                        // [q_dim + 2*kv_dim, hidden]
@@ -48,6 +55,10 @@ struct LayerWeights {
   Matrix w_gate_up;                   // [2*ffn, hidden]: gate rows, then up rows
   Matrix w_down;                      // [hidden, ffn]
   std::vector<float> post_ffn_norm;   // [hidden] or empty (Gemma)
+  // MoE layers (config.moe_layer): the router stays BF16; w_gate_up and
+  // w_down are then empty.
+  Matrix router;                      // [n_experts, hidden]
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {

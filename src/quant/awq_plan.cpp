@@ -73,6 +73,10 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
   };
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& L = W.layers[size_t(l)];
+    if (!L.experts.empty())
+      return make_error("awq: layer " + std::to_string(l) +
+                        " is a mixture-of-experts layer; activation-aware scales cover dense MLPs "
+                        "only so far (use --method rtn)");
     if (L.wqkv.rows == 0 || L.w_gate_up.rows == 0 || L.w_down.rows == 0)
       return make_error("awq: the calibration model must hold BF16 weights");
     const std::string p = "model.layers." + std::to_string(l) + ".";
