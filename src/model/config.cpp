@@ -18,6 +18,7 @@ const char* arch_name(Arch a) {
     case Arch::Qwen2: return "qwen2";
     case Arch::Qwen3: return "qwen3";
     case Arch::Gemma3: return "gemma3";
+    case Arch::Glm4Moe: return "glm4_moe";
   }
   return "?";
 }
@@ -97,6 +98,7 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
     case Arch::Llama: break;
     case Arch::Qwen2: c.qkv_bias = true; break;
     case Arch::Qwen3: c.qk_norm = true; break;
+    case Arch::Glm4Moe: break;  // not read from GGUF
     case Arch::Gemma3: {
       c.qk_norm = true;
       c.post_norms = true;
@@ -160,6 +162,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   else if (archs == "Qwen2ForCausalLM") c.arch = Arch::Qwen2;
   else if (archs == "Qwen3ForCausalLM" || archs == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3;
   else if (archs == "Gemma3ForCausalLM") c.arch = Arch::Gemma3;
+  else if (archs == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
   else return make_error(path + ": unsupported architecture '" + archs + "'");
 
   try {
@@ -223,6 +226,31 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
     if (c.arch == Arch::Qwen3) {
       c.qk_norm = true;
       c.qkv_bias = j.value("attention_bias", false);
+    }
+    if (c.arch == Arch::Glm4Moe) {
+      // GQA with optional bias and QK-norm, RoPE on part of each head, and
+      // DeepSeek-style routing: sigmoid, correction bias, groups, scaling,
+      // shared experts, the first k layers dense.
+      c.qkv_bias = j.value("attention_bias", false);
+      c.qk_norm = j.value("use_qk_norm", false);
+      const float partial = rp.value("partial_rotary_factor", j.value("partial_rotary_factor", 0.5f));
+      c.rotary_dim = int64_t(float(c.head_dim) * partial);
+      c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
+      c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
+      c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
+      c.moe_norm_topk = j.value("norm_topk_prob", true);
+      c.moe_sigmoid = true;
+      c.moe_n_group = j.value("n_group", int64_t(1));
+      c.moe_topk_group = j.value("topk_group", int64_t(1));
+      c.moe_scaling = j.value("routed_scaling_factor", 1.f);
+      c.moe_shared_ffn = c.moe_ffn * j.value("n_shared_experts", int64_t(0));
+      if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0 ||
+          c.moe_n_group <= 0 || c.n_experts % c.moe_n_group != 0 || c.moe_topk_group > c.moe_n_group ||
+          c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
+        return make_error(path + ": inconsistent GLM-4.5 MoE or RoPE settings");
+      const int64_t dense = j.value("first_k_dense_replace", int64_t(1));
+      c.moe_layer.assign(size_t(c.layers), 0);
+      for (int64_t i = dense; i < c.layers; ++i) c.moe_layer[size_t(i)] = 1;
     }
     if (archs == "Qwen3MoeForCausalLM") {
       // Softmax top-k routing; layer i is sparse unless listed in

@@ -12,7 +12,7 @@
 namespace kvant {
 class GgufFile;
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma3 };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Glm4Moe };
 enum class Activation { Silu, GeluTanh };
 enum class RopeScaling { None, Linear, Llama3 };
 
@@ -59,6 +59,13 @@ struct ModelConfig {
   int64_t moe_ffn = 0;  // each expert's intermediate size
   bool moe_norm_topk = false;
   std::vector<uint8_t> moe_layer;
+  bool moe_sigmoid = false;     // sigmoid scores + correction bias (else softmax)
+  int64_t moe_n_group = 1, moe_topk_group = 1;
+  float moe_scaling = 1.f;      // routed_scaling_factor
+  int64_t moe_shared_ffn = 0;   // shared experts' intermediate size (0: none)
+  // RoPE on the first rotary_dim values of each head (GLM-4.5: half); 0 = all.
+  int64_t rotary_dim = 0;
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

@@ -108,6 +108,7 @@ nlohmann::json hf_config_json(const ModelConfig& c) {
     case Arch::Qwen2: archs = "Qwen2ForCausalLM"; type = "qwen2"; break;
     case Arch::Qwen3: archs = "Qwen3ForCausalLM"; type = "qwen3"; break;
     case Arch::Gemma3: archs = "Gemma3ForCausalLM"; type = "gemma3_text"; break;
+    case Arch::Glm4Moe: archs = "Glm4MoeForCausalLM"; type = "glm4_moe"; break;
   }
   j["architectures"] = {archs};
   j["model_type"] = type;

@@ -187,6 +187,20 @@ class Loader {
     auto r = matrix({{p + "gate.weight", c.n_experts}}, c.hidden);
     if (!r) return r.error();
     L.router = std::move(*r);
+    if (has(p + "gate.e_score_correction_bias")) {
+      auto b = f32(p + "gate.e_score_correction_bias", {c.n_experts});
+      if (!b) return b.error();
+      L.router_bias = std::move(*b);
+    } else if (c.moe_sigmoid) {
+      return make_error(src_.path() + ": missing tensor " + p + "gate.e_score_correction_bias");
+    }
+    if (c.moe_shared_ffn > 0) {
+      const std::string x = p + "shared_experts.";
+      KV_TRY(product({{x + "gate_proj.weight", c.moe_shared_ffn}, {x + "up_proj.weight", c.moe_shared_ffn}},
+                     c.hidden, L.shared.gate_up, L.shared.gate_up_q4, int4_));
+      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_shared_ffn, L.shared.down,
+                     L.shared.down_q4, int4_));
+    }
     L.experts.resize(size_t(c.n_experts));
     for (int64_t e = 0; e < c.n_experts; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";

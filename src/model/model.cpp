@@ -106,8 +106,8 @@ std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd,
 
 Model::Model(ModelConfig cfg, ModelWeights w) : cfg_(std::move(cfg)) {
   sets_.push_back(std::move(w));
-  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.head_dim, sets_[0].rope_freq_factors);
-  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, sets_[0].rope_freq_factors);
+  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.rope_dim(), sets_[0].rope_freq_factors);
+  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.rope_dim(), sets_[0].rope_freq_factors);
   ws_ = std::make_unique<Workspace>();
 }
 
@@ -116,8 +116,8 @@ Model::Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, i
   KV_CHECK(!sets_.empty());
   KV_CHECK(prefill_set_ >= 0 && prefill_set_ < int(sets_.size()));
   KV_CHECK(decode_set_ >= 0 && decode_set_ < int(sets_.size()));
-  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.head_dim, sets_[0].rope_freq_factors);
-  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.head_dim, sets_[0].rope_freq_factors);
+  inv_freq_ = inv_freq_for(cfg_.rope, cfg_.rope_dim(), sets_[0].rope_freq_factors);
+  inv_freq_local_ = inv_freq_for(cfg_.rope_local, cfg_.rope_dim(), sets_[0].rope_freq_factors);
   ws_ = std::make_unique<Workspace>();
 }
 
@@ -194,7 +194,7 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
   if (T > ws.tokens) {
     const auto& c = cfg_;
     const int64_t qkv = c.q_dim() + 2 * c.kv_dim();
-    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn});
+    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn, c.moe_shared_ffn});
     ws.x = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.h = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.out = AlignedBuffer<float>(size_t(T * c.hidden));
@@ -204,14 +204,16 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
     ws.act = AlignedBuffer<float>(size_t(T * c.ffn));
     ws.xb = AlignedBuffer<uint16_t>(size_t(T * widest));
     if (c.n_experts > 0) {
-      const int64_t Tk = T * c.moe_top_k;
+      // Rows: T * k routed pairs, or T for the shared experts, whichever is more.
+      const int64_t Tk = T * std::max<int64_t>(c.moe_top_k, 1);
+      const int64_t Fw = std::max(c.moe_ffn, c.moe_shared_ffn);
       ws.moe_logits = AlignedBuffer<float>(size_t(T * c.n_experts));
       ws.moe_w = AlignedBuffer<float>(size_t(Tk));
       ws.moe_x = AlignedBuffer<float>(size_t(Tk * c.hidden));
-      ws.moe_gu = AlignedBuffer<float>(size_t(Tk * 2 * c.moe_ffn));
-      ws.moe_act = AlignedBuffer<float>(size_t(Tk * c.moe_ffn));
+      ws.moe_gu = AlignedBuffer<float>(size_t(Tk * 2 * Fw));
+      ws.moe_act = AlignedBuffer<float>(size_t(Tk * Fw));
       ws.moe_y = AlignedBuffer<float>(size_t(Tk * c.hidden));
-      ws.moe_scratch = AlignedBuffer<float>(size_t(2 * c.n_experts + 1));
+      ws.moe_scratch = AlignedBuffer<float>(size_t(2 * c.n_experts + c.moe_n_group + 1));
       ws.moe_ids.resize(size_t(Tk));
       ws.moe_slot.resize(size_t(Tk));
     }
@@ -246,7 +248,7 @@ void Model::rope_tables(const Batch& b, int64_t T) {
   for (auto& s : b.seqs) {
     for (int64_t i = 0; i < s.n_tokens; ++i, ++t) {
       const float pos = float(s.pos0 + i);
-      for (int64_t j = 0; j < h; ++j) {
+      for (int64_t j = 0; j < cfg_.rope_dim() / 2; ++j) {  // rows keep the head_dim/2 stride
         const float ag = pos * inv_freq_[size_t(j)];
         const float al = pos * inv_freq_local_[size_t(j)];
         ws.cos_g[size_t(t * h + j)] = std::cos(ag);
@@ -394,14 +396,16 @@ void Model::moe_forward(int64_t l) {
   auto& ws = *ws_;
   const int64_t H = c.hidden, F = c.moe_ffn, E = c.n_experts, k = c.moe_top_k;
   static const Q4Matrix kNoQ4;
-  const RouterConfig rc{RouterScoring::kSoftmax, int(E), int(k), 1, 1, c.moe_norm_topk, 1.f};
+  const RouterConfig rc{c.moe_sigmoid ? RouterScoring::kSigmoid : RouterScoring::kSoftmax,
+                        int(E), int(k), int(c.moe_n_group), int(c.moe_topk_group),
+                        c.moe_norm_topk, c.moe_scaling};
   for (const auto& sg : segs_) {
     const LayerWeights& L = sets_[size_t(sg.set)].layers[size_t(l)];
     const int64_t n = sg.t1 - sg.t0;
     const float* h = ws.h.data() + sg.t0 * H;
     ops::linear(h, H, L.router, kNoQ4, ws.moe_logits.data(), E, n, ws.xb.data(), ws.q8);
-    route_tokens(rc, ws.moe_logits.data(), nullptr, n, ws.moe_ids.data(), ws.moe_w.data(),
-                 ws.moe_scratch.data());
+    route_tokens(rc, ws.moe_logits.data(), L.router_bias.empty() ? nullptr : L.router_bias.data(), n,
+                 ws.moe_ids.data(), ws.moe_w.data(), ws.moe_scratch.data());
     // Counting sort of the (token, choice) pairs by expert.
     ws.moe_count.assign(size_t(E + 1), 0);
     for (int64_t i = 0; i < n * k; ++i) ++ws.moe_count[size_t(ws.moe_ids[size_t(i)]) + 1];
@@ -439,6 +443,23 @@ void Model::moe_forward(int64_t l) {
         const float w = ws.moe_w[size_t(t * k + j)];
         const float* y = ws.moe_y.data() + next[size_t(t * k + j)] * H;
         for (int64_t d = 0; d < H; ++d) o[d] = std::fma(w, y[d], o[d]);
+      }
+    }
+    // Shared experts see every token; added after the routed sum.
+    if (c.moe_shared_ffn > 0) {
+      const int64_t S = c.moe_shared_ffn;
+      ops::linear(h, H, L.shared.gate_up, L.shared.gate_up_q4, ws.moe_gu.data(), 2 * S, n,
+                  ws.xb.data(), ws.q8);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* g = ws.moe_gu.data() + t * 2 * S;
+        K.silu_mul(g, g + S, ws.moe_act.data() + t * S, S);
+      }
+      ops::linear(ws.moe_act.data(), S, L.shared.down, L.shared.down_q4, ws.moe_y.data(), H, n,
+                  ws.xb.data(), ws.q8);
+      for (int64_t t = 0; t < n; ++t) {
+        float* o = ws.out.data() + (sg.t0 + t) * H;
+        const float* y = ws.moe_y.data() + t * H;
+        for (int64_t d = 0; d < H; ++d) o[d] += y[d];
       }
     }
   }
@@ -517,7 +538,7 @@ void Model::store_kv(int64_t l, const Batch& b, int64_t T) {
         float* x = row + h * hd;
         if (c.qk_norm)
           ops::rmsnorm(x, h < c.heads ? L.q_norm.data() : L.k_norm.data(), c.rms_eps, x, hd);
-        ops::rope(x, cosb + t * hd / 2, sinb + t * hd / 2, hd);
+        ops::rope(x, cosb + t * hd / 2, sinb + t * hd / 2, c.rope_dim());
       }
       const KvFormat& f = *it.s->kv->format;
       const int64_t pos = it.s->pos0 + it.i;

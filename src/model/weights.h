@@ -58,7 +58,9 @@ struct LayerWeights {
   // MoE layers (config.moe_layer): the router stays BF16; w_gate_up and
   // w_down are then empty.
   Matrix router;                      // [n_experts, hidden]
+  std::vector<float> router_bias;     // [n_experts] score-correction bias, or empty
   std::vector<ExpertWeights> experts;
+  ExpertWeights shared;               // shared experts (gate_up empty when none)
 };
 
 struct ModelWeights {

@@ -109,7 +109,7 @@ TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, GoldenTest,
                          ::testing::Values("llama3", "llama_tied", "qwen2", "qwen3", "gemma3",
-                                           "qwen3_moe"));
+                                           "qwen3_moe", "glm4_moe"));
 
 }  // namespace
 }  // namespace kvant
