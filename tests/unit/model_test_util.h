@@ -16,10 +16,12 @@
 
 namespace kvant::test {
 
-// Logits [ids.size(), vocab] of one sequence fed `chunk` tokens at a time.
-inline std::vector<float> run_chunked(Model& m, const std::vector<int32_t>& ids, int64_t chunk) {
+// Logits [ids.size(), vocab] of one sequence fed `chunk` tokens at a time,
+// its KV in the page format `kvo` asks for (BF16 by default).
+inline std::vector<float> run_chunked(Model& m, const std::vector<int32_t>& ids, int64_t chunk,
+                                      const SeqKvOptions& kvo = {}) {
   const auto& c = m.config();
-  SeqKv kv(c, int64_t(ids.size()));
+  SeqKv kv(c, int64_t(ids.size()), kvo);
   std::vector<float> out(ids.size() * size_t(c.vocab));
   for (int64_t p = 0; p < int64_t(ids.size()); p += chunk) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(ids.size()) - p);
