@@ -50,7 +50,7 @@ struct Model::Workspace {
   // those buffers: inputs [T*k, H], gate|up [T*k, 2F], act [T*k, F], out [T*k, H].
   AlignedBuffer<float> moe_logits, moe_w, moe_x, moe_gu, moe_act, moe_y, moe_scratch;
   std::vector<int32_t> moe_ids;
-  std::vector<int64_t> moe_slot, moe_count;
+  std::vector<int64_t> moe_slot, moe_count, moe_fill;  // capacity kept: no allocation per step
   AlignedBuffer<uint16_t> xb;
   ops::Q8Scratch q8;  // activations quantized for INT4 products
   AlignedBuffer<float> cos_g, sin_g, cos_l, sin_l;  // [T, hd/2]
@@ -412,9 +412,9 @@ void Model::moe_forward(int64_t l) {
     for (int64_t e = 0; e < E; ++e) ws.moe_count[size_t(e + 1)] += ws.moe_count[size_t(e)];
     std::vector<int64_t>& next = ws.moe_slot;  // reused: slot of pair i
     {
-      std::vector<int64_t> fill(ws.moe_count.begin(), ws.moe_count.end() - 1);
+      ws.moe_fill.assign(ws.moe_count.begin(), ws.moe_count.end() - 1);
       for (int64_t i = 0; i < n * k; ++i) {
-        const int64_t row = fill[size_t(ws.moe_ids[size_t(i)])]++;
+        const int64_t row = ws.moe_fill[size_t(ws.moe_ids[size_t(i)])]++;
         next[size_t(i)] = row;
         std::memcpy(ws.moe_x.data() + row * H, h + (i / k) * H, size_t(H) * sizeof(float));
       }
