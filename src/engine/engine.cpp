@@ -214,8 +214,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
 
   KvGeometry g;
   g.layers = c.layers;
-  g.kv_heads = c.kv_heads;
-  g.head_dim = c.head_dim;
+  g.kv_heads = c.cache_heads();
+  g.head_dim = c.cache_dim();
+  g.shared_kv = c.mla();
   g.dtype = o.kv_dtype;
   g.page_tokens = o.page_tokens;
   g.scale_mode = o.kv_dtype == KvDType::kBf16 ? KvScaleMode::kNone : o.kv_scale_mode;
@@ -231,10 +232,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
       return make_error(s.error().message +
                         " (static FP8 KV scales come from `kvant calibrate-kv -m " + o.model_path +
                         "`; or use --kv-scale dynamic)");
-    if (s->layers != c.layers || s->kv_heads != c.kv_heads)
+    if (s->layers != c.layers || s->kv_heads != c.cache_heads())
       return make_error("engine: " + path + " has scales for " + std::to_string(s->layers) +
                         " layers x " + std::to_string(s->kv_heads) + " KV heads; the model has " +
-                        std::to_string(c.layers) + " x " + std::to_string(c.kv_heads));
+                        std::to_string(c.layers) + " x " + std::to_string(c.cache_heads()));
     const float mf = kv_dtype_max_finite(o.kv_dtype);
     for (size_t i = 0; i < s->k_amax.size(); ++i) {
       po.static_k_scales.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
@@ -611,11 +612,13 @@ Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> toke
   if (chunk <= 0) return make_error("calibrate-kv: chunk must be positive");
   KvScales s;
   s.layers = c.layers;
-  s.kv_heads = c.kv_heads;
-  s.k_amax.assign(size_t(c.layers * c.kv_heads), 0.f);
-  s.v_amax.assign(size_t(c.layers * c.kv_heads), 0.f);
+  // MLA caches one latent row per token (K and V at once): one "head".
+  const int64_t kvh = c.cache_heads();
+  s.kv_heads = kvh;
+  s.k_amax.assign(size_t(c.layers * kvh), 0.f);
+  s.v_amax.assign(size_t(c.layers * kvh), 0.f);
   std::vector<float> logits(size_t(c.vocab));
-  const int64_t hd = c.head_dim;
+  const int64_t hd = c.cache_dim();
   for (size_t p = 0; p < tokens.size(); p += size_t(chunk)) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(tokens.size() - p));
     SeqKv kv(c, n);
@@ -631,9 +634,9 @@ Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> toke
                                                            (t % f.page_tokens) * f.row_bytes());
         const auto* vr = reinterpret_cast<const uint16_t*>(page + f.v_offset +
                                                            (t % f.page_tokens) * f.row_bytes());
-        for (int64_t h = 0; h < c.kv_heads; ++h) {
-          float& ka = s.k_amax[size_t(l * c.kv_heads + h)];
-          float& va = s.v_amax[size_t(l * c.kv_heads + h)];
+        for (int64_t h = 0; h < kvh; ++h) {
+          float& ka = s.k_amax[size_t(l * kvh + h)];
+          float& va = s.v_amax[size_t(l * kvh + h)];
           for (int64_t d = 0; d < hd; ++d) {
             uint32_t kb = uint32_t(kr[h * hd + d]) << 16, vb = uint32_t(vr[h * hd + d]) << 16;
             float kf, vf;

@@ -19,6 +19,8 @@ const char* arch_name(Arch a) {
     case Arch::Qwen3: return "qwen3";
     case Arch::Gemma3: return "gemma3";
     case Arch::Glm4Moe: return "glm4_moe";
+    case Arch::DeepseekV3: return "deepseek_v3";
+    case Arch::GlmMoeDsa: return "glm_moe_dsa";
   }
   return "?";
 }
@@ -35,6 +37,12 @@ Result<void> ModelConfig::validate() const {
                std::to_string(kv_heads) + ")");
   if (head_dim % 2 != 0) return bad("head_dim must be even for RoPE");
   if (int64_t(sliding.size()) != layers) return bad("sliding-window layer list has the wrong length");
+  if (mla()) {
+    if (qk_nope_dim <= 0 || qk_rope_dim <= 0 || v_head_dim <= 0 || qk_rope_dim % 2 != 0 ||
+        head_dim != qk_nope_dim + qk_rope_dim || kv_heads != heads || q_lora_rank < 0)
+      return bad("inconsistent multi-head latent attention sizes (kv_lora_rank, qk_nope_head_dim, "
+                 "qk_rope_head_dim, v_head_dim)");
+  }
   return {};
 }
 
@@ -98,7 +106,9 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
     case Arch::Llama: break;
     case Arch::Qwen2: c.qkv_bias = true; break;
     case Arch::Qwen3: c.qk_norm = true; break;
-    case Arch::Glm4Moe: break;  // not read from GGUF
+    case Arch::Glm4Moe:
+    case Arch::DeepseekV3:
+    case Arch::GlmMoeDsa: break;  // not read from GGUF
     case Arch::Gemma3: {
       c.qk_norm = true;
       c.post_norms = true;
@@ -131,6 +141,27 @@ RopeConfig rope_from_json(const nlohmann::json& p, float default_theta) {
   if (type == "linear") {
     r.scaling = RopeScaling::Linear;
     r.factor = p.value("factor", 1.f);
+  } else if (type == "yarn" || type == "deepseek_yarn") {
+    r.scaling = RopeScaling::Yarn;
+    r.factor = p.value("factor", 1.f);
+    r.original_max_positions = p.value("original_max_position_embeddings", int64_t(4096));
+    auto num = [&](const char* k, float d) {
+      return p.contains(k) && p[k].is_number() ? p[k].get<float>() : d;
+    };
+    r.beta_fast = num("beta_fast", 32.f);
+    r.beta_slow = num("beta_slow", 1.f);
+    r.mscale = num("mscale", 0.f);
+    r.mscale_all_dim = num("mscale_all_dim", 0.f);
+    r.truncate = p.value("truncate", true);
+    auto get_mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    if (p.contains("attention_factor") && p["attention_factor"].is_number())
+      r.attn_factor = p["attention_factor"].get<float>();
+    else if (r.mscale != 0.f && r.mscale_all_dim != 0.f)
+      r.attn_factor = float(get_mscale(r.factor, r.mscale) / get_mscale(r.factor, r.mscale_all_dim));
+    else
+      r.attn_factor = float(get_mscale(r.factor, 1.0));
   } else if (type == "llama3") {
     r.scaling = RopeScaling::Llama3;
     r.factor = p.value("factor", 8.f);
@@ -163,6 +194,8 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   else if (archs == "Qwen3ForCausalLM" || archs == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3;
   else if (archs == "Gemma3ForCausalLM") c.arch = Arch::Gemma3;
   else if (archs == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
+  else if (archs == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
+  else if (archs == "GlmMoeDsaForCausalLM") c.arch = Arch::GlmMoeDsa;
   else return make_error(path + ": unsupported architecture '" + archs + "'");
 
   try {
@@ -226,6 +259,57 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
     if (c.arch == Arch::Qwen3) {
       c.qk_norm = true;
       c.qkv_bias = j.value("attention_bias", false);
+    }
+    if (c.arch == Arch::DeepseekV3 || c.arch == Arch::GlmMoeDsa) {
+      // Multi-head latent attention, and DeepSeek routing (sigmoid scores
+      // with a correction bias, expert groups, routed scaling, shared
+      // experts, the first k layers dense).
+      auto opt_int = [&](const char* k) {
+        return j.contains(k) && j[k].is_number() ? j[k].get<int64_t>() : int64_t(0);
+      };
+      c.kv_lora_rank = opt_int("kv_lora_rank");
+      c.q_lora_rank = opt_int("q_lora_rank");
+      c.qk_nope_dim = opt_int("qk_nope_head_dim");
+      c.qk_rope_dim = opt_int("qk_rope_head_dim");
+      c.v_head_dim = opt_int("v_head_dim");
+      c.head_dim = c.qk_nope_dim + c.qk_rope_dim;
+      c.kv_heads = c.heads;
+      c.rotary_dim = c.qk_rope_dim;
+      c.qkv_bias = j.value("attention_bias", false);
+      if (c.qkv_bias) return make_error(path + ": attention_bias is not supported with MLA");
+      c.rope_interleave = c.arch == Arch::GlmMoeDsa || j.value("rope_interleave", true);
+      c.attn_scale = 1.f / std::sqrt(float(c.head_dim));
+      if (c.rope.scaling == RopeScaling::Yarn && c.rope.mscale_all_dim != 0.f && c.rope.factor > 1.f) {
+        const float m = 0.1f * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.f;
+        c.attn_scale *= m * m;
+      }
+      if (c.arch == Arch::GlmMoeDsa) {
+        c.index_topk = opt_int("index_topk");
+        c.index_heads = opt_int("index_n_heads");
+        c.index_head_dim = opt_int("index_head_dim");
+      }
+      c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
+      c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
+      c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
+      c.moe_norm_topk = j.value("norm_topk_prob", true);
+      const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+      if (scoring != "sigmoid") return make_error(path + ": unsupported scoring_func '" + scoring + "'");
+      c.moe_sigmoid = true;
+      c.moe_n_group = j.value("n_group", int64_t(1));
+      c.moe_topk_group = j.value("topk_group", int64_t(1));
+      c.moe_scaling = j.value("routed_scaling_factor", 1.f);
+      c.moe_shared_ffn = c.moe_ffn * j.value("n_shared_experts", int64_t(0));
+      if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0 ||
+          c.moe_n_group <= 0 || c.n_experts % c.moe_n_group != 0 || c.moe_topk_group > c.moe_n_group)
+        return make_error(path + ": inconsistent MoE routing settings");
+      const int64_t dense = j.value("first_k_dense_replace", int64_t(0));
+      const int64_t freq = std::max<int64_t>(1, j.value("moe_layer_freq", int64_t(1)));
+      c.moe_layer.assign(size_t(c.layers), 0);
+      for (int64_t i = dense; i < c.layers; ++i) c.moe_layer[size_t(i)] = i % freq == 0;
+      if (j.contains("mlp_layer_types") && j["mlp_layer_types"].is_array() &&
+          int64_t(j["mlp_layer_types"].size()) == c.layers)
+        for (int64_t i = 0; i < c.layers; ++i)
+          c.moe_layer[size_t(i)] = j["mlp_layer_types"][size_t(i)] == "sparse";
     }
     if (c.arch == Arch::Glm4Moe) {
       // GQA with optional bias and QK-norm, RoPE on part of each head, and

@@ -12,9 +12,9 @@
 namespace kvant {
 class GgufFile;
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Glm4Moe };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Glm4Moe, DeepseekV3, GlmMoeDsa };
 enum class Activation { Silu, GeluTanh };
-enum class RopeScaling { None, Linear, Llama3 };
+enum class RopeScaling { None, Linear, Llama3, Yarn };
 
 struct RopeConfig {
   float theta = 10000.f;
@@ -23,6 +23,13 @@ struct RopeConfig {
   float low_freq_factor = 1.f;
   float high_freq_factor = 4.f;
   int64_t original_max_positions = 8192;
+  // YaRN: the ramp between interpolated and extrapolated frequencies, and the
+  // factor cos/sin are multiplied by (attention_factor, or one derived from
+  // mscale / mscale_all_dim as transformers does).
+  float beta_fast = 32.f, beta_slow = 1.f;
+  float mscale = 0.f, mscale_all_dim = 0.f;
+  float attn_factor = 1.f;
+  bool truncate = true;
 };
 
 struct ModelConfig {
@@ -66,6 +73,25 @@ struct ModelConfig {
   // RoPE on the first rotary_dim values of each head (GLM-4.5: half); 0 = all.
   int64_t rotary_dim = 0;
   int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  // Rotate interleaved pairs (x[2i], x[2i+1]) instead of the two halves.
+  bool rope_interleave = false;
+
+  // Multi-head latent attention (DeepSeek-V3, Kimi K2, GLM-5). The cache
+  // holds per token and layer one row: the normed latent (kv_lora_rank) and
+  // the RoPE key (qk_rope_dim), read as K and as V. head_dim is then the
+  // query/key width qk_nope_dim + qk_rope_dim; heads = kv_heads.
+  int64_t kv_lora_rank = 0;  // 0: not MLA
+  int64_t q_lora_rank = 0;   // 0: queries from one q_proj
+  int64_t qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  bool mla() const { return kv_lora_rank > 0; }
+  // GLM-5's sparse attention (DSA): an indexer scores the cached tokens per
+  // query and attention keeps the best index_topk. Up to index_topk tokens of
+  // context every token is kept, so the attention is exactly dense.
+  int64_t index_topk = 0;  // 0: dense
+  int64_t index_heads = 0, index_head_dim = 0;
+  // The KV cache row geometry: MLA caches one latent "head".
+  int64_t cache_heads() const { return mla() ? 1 : kv_heads; }
+  int64_t cache_dim() const { return mla() ? kv_lora_rank + qk_rope_dim : head_dim; }
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

@@ -109,6 +109,8 @@ nlohmann::json hf_config_json(const ModelConfig& c) {
     case Arch::Qwen3: archs = "Qwen3ForCausalLM"; type = "qwen3"; break;
     case Arch::Gemma3: archs = "Gemma3ForCausalLM"; type = "gemma3_text"; break;
     case Arch::Glm4Moe: archs = "Glm4MoeForCausalLM"; type = "glm4_moe"; break;
+    case Arch::DeepseekV3: archs = "DeepseekV3ForCausalLM"; type = "deepseek_v3"; break;
+    case Arch::GlmMoeDsa: archs = "GlmMoeDsaForCausalLM"; type = "glm_moe_dsa"; break;
   }
   j["architectures"] = {archs};
   j["model_type"] = type;

@@ -16,20 +16,22 @@ int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 SeqKv::SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o) {
   fmt_.elem = o.elem;
-  fmt_.kv_heads = c.kv_heads;
-  fmt_.head_dim = c.head_dim;
+  fmt_.kv_heads = c.cache_heads();
+  fmt_.head_dim = c.cache_dim();
   fmt_.page_tokens = o.page_tokens;
+  // MLA: one row per token serves as K and V (shared block and scales).
+  const bool shared = c.mla();
   const int64_t block = round_up(fmt_.page_tokens * fmt_.row_bytes(), 64);
   fmt_.k_offset = 0;
-  fmt_.v_offset = block;
-  fmt_.layer_bytes = 2 * block;
+  fmt_.v_offset = shared ? 0 : block;
+  fmt_.layer_bytes = shared ? block : 2 * block;
   if (o.elem != kernels::KvElem::kBf16) {
     fmt_.dynamic_scales = o.dynamic_scales;
     if (o.dynamic_scales) {
-      const int64_t sblock = round_up(fmt_.page_tokens * c.kv_heads * 2, 64);
-      fmt_.k_scale_offset = 2 * block;
-      fmt_.v_scale_offset = 2 * block + sblock;
-      fmt_.layer_bytes += 2 * sblock;
+      const int64_t sblock = round_up(fmt_.page_tokens * fmt_.kv_heads * 2, 64);
+      fmt_.k_scale_offset = fmt_.layer_bytes;
+      fmt_.v_scale_offset = shared ? fmt_.layer_bytes : fmt_.layer_bytes + sblock;
+      fmt_.layer_bytes += shared ? sblock : 2 * sblock;
     } else {
       fmt_.static_k = o.static_k;
       fmt_.static_v = o.static_v;

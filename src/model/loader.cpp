@@ -129,7 +129,9 @@ class Loader {
                        const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
     bool stored_int4 = true;
     for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.first);
-    if (!quantize || (!stored_int4 && cols % kernels::kQ4Block != 0)) {
+    // (A stored INT4 product whose input size the kernels cannot take is
+    // dequantized to BF16.)
+    if (!quantize || cols % kernels::kQ4Block != 0) {
       auto r = matrix(parts, cols, transform);
       if (!r) return r.error();
       m = std::move(*r);
@@ -212,6 +214,62 @@ class Loader {
     return {};
   }
 
+  // Multi-head latent attention of layer i (Hugging Face names): the
+  // products that read the normed input fused ([q_a or q ; kv_a]), q_b, the
+  // output, the two latent norms, and kv_b both whole (prefill expands K and
+  // V with it) and split per head for the absorbed decode path.
+  Result<void> mla(int64_t i, LayerWeights& L) {
+    const auto& c = cfg_;
+    if (names_.naming != Naming::Hf)
+      return make_error(src_.path() + ": multi-head latent attention loads from Hugging Face "
+                                      "checkpoints only");
+    const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
+    const int64_t H = c.heads, qk = c.head_dim, R = c.kv_lora_rank, nope = c.qk_nope_dim,
+                  dv = c.v_head_dim;
+    std::vector<std::pair<std::string, int64_t>> first;
+    if (c.q_lora_rank > 0)
+      first.push_back({p + "q_a_proj.weight", c.q_lora_rank});
+    else
+      first.push_back({p + "q_proj.weight", H * qk});
+    first.push_back({p + "kv_a_proj_with_mqa.weight", R + c.qk_rope_dim});
+    KV_TRY(product(first, c.hidden, L.wqkv, L.wqkv_q4, int4_));
+    if (c.q_lora_rank > 0) {
+      auto n = f32(p + "q_a_layernorm.weight", {c.q_lora_rank});
+      if (!n) return n.error();
+      L.q_a_norm = std::move(*n);
+      KV_TRY(product({{p + "q_b_proj.weight", H * qk}}, c.q_lora_rank, L.wq_b, L.wq_b_q4, int4_));
+    }
+    auto kn = f32(p + "kv_a_layernorm.weight", {R});
+    if (!kn) return kn.error();
+    L.kv_a_norm = std::move(*kn);
+    auto kvb = part_f32(p + "kv_b_proj.weight", H * (nope + dv), R);
+    if (!kvb) return kvb.error();
+    L.wkv_b = pack(kvb->data(), H * (nope + dv), R);
+    std::vector<float> uk(size_t(R * nope)), uv(size_t(dv * R));
+    for (int64_t h = 0; h < H; ++h) {
+      const float* base = kvb->data() + h * (nope + dv) * R;
+      for (int64_t r = 0; r < nope; ++r)
+        for (int64_t k = 0; k < R; ++k) uk[size_t(k * nope + r)] = base[r * R + k];
+      std::copy(base + nope * R, base + (nope + dv) * R, uv.begin());
+      L.w_uk_t.push_back(pack(uk.data(), R, nope));
+      L.w_uv.push_back(pack(uv.data(), dv, R));
+    }
+    KV_TRY(product({{p + "o_proj.weight", c.hidden}}, H * dv, L.wo, L.wo_q4, int4_));
+    return {};
+  }
+
+  // FP32 [rows, cols] values as a BF16 matrix in the kernels' layout.
+  static Matrix pack(const float* v, int64_t rows, int64_t cols) {
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    AlignedBuffer<uint16_t> rowmajor(size_t(rows * cols));
+    for (int64_t k = 0; k < rows * cols; ++k) rowmajor[size_t(k)] = f32_to_bf16(v[k]);
+    m.packed = AlignedBuffer<uint16_t>(size_t(kernels::gemm_bf16_packed_size(rows, cols)));
+    kernels::active().pack_bf16(rowmajor.data(), rows, cols, m.packed.data());
+    return m;
+  }
+
   // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
   Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
                         const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
@@ -274,6 +332,9 @@ class Loader {
       auto N = [&](const char* role) { return names_.layer(i, role); };
       auto an = norm(N("attn_norm"), c.hidden); if (!an) return an.error();
       L.attn_norm = std::move(*an);
+      if (c.mla()) {
+        KV_TRY(mla(i, L));
+      } else {
       std::function<void(size_t, std::vector<float>&)> perm;
       if (unpermute)
         perm = [&](size_t part, std::vector<float>& v) {
@@ -295,6 +356,7 @@ class Loader {
         L.k_norm = std::move(*kn);
       }
       KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_));
+      }
       auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
       L.ffn_norm = std::move(*fnm);
       if (!c.moe_layer.empty() && c.moe_layer[size_t(i)]) {

@@ -68,9 +68,30 @@ struct Model::Workspace {
     int64_t n = 1;  // prefill: consecutive tokens of the chunk (one query each)
   };
   std::vector<Task> decode_tasks, prefill_tasks;
+  // Multi-head latent attention: queries [T, heads*qk]; cache rows (normed
+  // latent | roped k_pe) [T, D]; decode tokens' q_nope [Td, heads*nope],
+  // absorbed queries and latent outputs [Td, heads*D], head outputs
+  // [Td, heads*v]; prefill's expanded K [rows, heads*qk] and V [rows,
+  // heads*v] (BF16), expanded in blocks of kExpandRows through FP32.
+  AlignedBuffer<float> mq, lat, mdq, mql, mol, mdv, mexp_in, mexp;
+  AlignedBuffer<uint16_t> ek, ev, mxb;
+  std::vector<int64_t> dec_tok;
 };
 
 namespace {
+
+// MLA prefill expands cached latent rows into K and V this many at a time.
+constexpr int64_t kExpandRows = 256;
+
+// RoPE on n values: interleaved pairs (x[2i], x[2i+1]) or the two halves.
+void rope_rows(float* x, const float* cos, const float* sin, int64_t n, bool interleave) {
+  if (!interleave) return ops::rope(x, cos, sin, n);
+  for (int64_t i = 0; i < n / 2; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * cos[i] - b * sin[i];
+    x[2 * i + 1] = b * cos[i] + a * sin[i];
+  }
+}
 
 std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd,
                                 const std::vector<float>& factors) {
@@ -82,7 +103,26 @@ std::vector<float> inv_freq_for(const RopeConfig& r, int64_t hd,
   }
   if (!factors.empty())
     for (int64_t i = 0; i < hd / 2; ++i) f[size_t(i)] /= factors[size_t(i)];
-  if (r.scaling == RopeScaling::Linear) {
+  if (r.scaling == RopeScaling::Yarn) {
+    // As transformers' YaRN: a linear ramp over the dimensions between the
+    // correction range blends interpolated (f / factor) and extrapolated (f)
+    // frequencies.
+    const double base = double(r.theta), dim = double(hd);
+    auto corr = [&](double rot) {
+      return dim * std::log(double(r.original_max_positions) / (rot * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double lo = corr(r.beta_fast), hi = corr(r.beta_slow);
+    if (r.truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0);
+    hi = std::min(hi, dim - 1);
+    if (lo == hi) hi += 0.001;
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      const float ramp = std::clamp(float((double(i) - lo) / (hi - lo)), 0.f, 1.f);
+      const float extra = 1.f - ramp;
+      const float fe = f[size_t(i)], fi = fe / r.factor;
+      f[size_t(i)] = fi * (1.f - extra) + fe * extra;
+    }
+  } else if (r.scaling == RopeScaling::Linear) {
     for (auto& x : f) x /= r.factor;
   } else if (r.scaling == RopeScaling::Llama3) {
     const double old_ctx = double(r.original_max_positions);
@@ -128,6 +168,10 @@ std::string Model::set_precision(int i) const {
       q4 += !m->empty();
       ++total;
     }
+    if (L.wq_b.rows || !L.wq_b_q4.empty()) {
+      q4 += !L.wq_b_q4.empty();
+      ++total;
+    }
     if (L.experts.empty()) {
       for (const Q4Matrix* m : {&L.w_gate_up_q4, &L.w_down_q4}) {
         q4 += !m->empty();
@@ -150,6 +194,9 @@ size_t Model::set_bytes(int i) const {
     for (const Matrix* m : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down}) n += m->packed.size() * 2;
     for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4}) n += m->bytes();
     n += L.router.packed.size() * 2;
+    n += L.wq_b.packed.size() * 2 + L.wq_b_q4.bytes() + L.wkv_b.packed.size() * 2;
+    for (const auto* v : {&L.w_uk_t, &L.w_uv})
+      for (const Matrix& m : *v) n += m.packed.size() * 2;
     for (const auto& X : L.experts)
       n += X.gate_up.packed.size() * 2 + X.down.packed.size() * 2 + X.gate_up_q4.bytes() +
            X.down_q4.bytes();
@@ -193,13 +240,29 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
   auto& ws = *ws_;
   if (T > ws.tokens) {
     const auto& c = cfg_;
-    const int64_t qkv = c.q_dim() + 2 * c.kv_dim();
-    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn, c.moe_shared_ffn});
+    const int64_t mla_first = c.mla() ? (c.q_lora_rank > 0 ? c.q_lora_rank : c.q_dim()) + c.cache_dim() : 0;
+    const int64_t qkv = std::max(c.q_dim() + 2 * c.kv_dim(), mla_first);
+    const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn, c.moe_shared_ffn,
+                                     c.heads * c.v_head_dim, c.q_lora_rank, c.kv_lora_rank});
     ws.x = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.h = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.out = AlignedBuffer<float>(size_t(T * c.hidden));
     ws.qkv = AlignedBuffer<float>(size_t(T * qkv));
-    ws.attn = AlignedBuffer<float>(size_t(T * c.q_dim()));
+    ws.attn = AlignedBuffer<float>(size_t(T * std::max(c.q_dim(), c.heads * c.v_head_dim)));
+    if (c.mla()) {
+      const int64_t H = c.heads, D = c.cache_dim();
+      ws.mq = AlignedBuffer<float>(size_t(T * c.q_dim()));
+      ws.lat = AlignedBuffer<float>(size_t(T * D));
+      ws.mdq = AlignedBuffer<float>(size_t(T * H * c.qk_nope_dim));
+      ws.mql = AlignedBuffer<float>(size_t(T * H * D));
+      ws.mol = AlignedBuffer<float>(size_t(T * H * D));
+      ws.mdv = AlignedBuffer<float>(size_t(T * H * c.v_head_dim));
+      if (ws.mexp.size() == 0) {
+        ws.mexp_in = AlignedBuffer<float>(size_t(kExpandRows * c.kv_lora_rank));
+        ws.mxb = AlignedBuffer<uint16_t>(size_t(kExpandRows * c.kv_lora_rank));
+        ws.mexp = AlignedBuffer<float>(size_t(kExpandRows * H * (c.qk_nope_dim + c.v_head_dim)));
+      }
+    }
     ws.gu = AlignedBuffer<float>(size_t(T * 2 * c.ffn));
     ws.act = AlignedBuffer<float>(size_t(T * c.ffn));
     ws.xb = AlignedBuffer<uint16_t>(size_t(T * widest));
@@ -225,7 +288,7 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
     ws.tokens = T;
   }
   if (ctx > ws.ctx) {
-    const int64_t group = cfg_.heads / cfg_.kv_heads;
+    const int64_t group = cfg_.mla() ? 8 : cfg_.heads / cfg_.kv_heads;
     ws.scores = AlignedBuffer<float>(
         size_t(num_threads() * std::max<int64_t>(group, kPrefillQueries) * ctx));
     ws.ctx = ctx;
@@ -235,8 +298,14 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
     ws.max_pages = max_pages;
   }
   if (gather_rows > ws.gather_rows) {
-    ws.gk = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
-    ws.gv = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
+    if (cfg_.mla()) {
+      ws.gk = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.cache_dim()));
+      ws.ek = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.q_dim()));
+      ws.ev = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.heads * cfg_.v_head_dim));
+    } else {
+      ws.gk = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
+      ws.gv = AlignedBuffer<uint16_t>(size_t(gather_rows * cfg_.kv_dim()));
+    }
     ws.gather_rows = gather_rows;
   }
 }
@@ -251,10 +320,11 @@ void Model::rope_tables(const Batch& b, int64_t T) {
       for (int64_t j = 0; j < cfg_.rope_dim() / 2; ++j) {  // rows keep the head_dim/2 stride
         const float ag = pos * inv_freq_[size_t(j)];
         const float al = pos * inv_freq_local_[size_t(j)];
-        ws.cos_g[size_t(t * h + j)] = std::cos(ag);
-        ws.sin_g[size_t(t * h + j)] = std::sin(ag);
-        ws.cos_l[size_t(t * h + j)] = std::cos(al);
-        ws.sin_l[size_t(t * h + j)] = std::sin(al);
+        const float fg = cfg_.rope.attn_factor, fl = cfg_.rope_local.attn_factor;
+        ws.cos_g[size_t(t * h + j)] = std::cos(ag) * fg;
+        ws.sin_g[size_t(t * h + j)] = std::sin(ag) * fg;
+        ws.cos_l[size_t(t * h + j)] = std::cos(al) * fl;
+        ws.sin_l[size_t(t * h + j)] = std::sin(al) * fl;
       }
     }
   }
@@ -272,13 +342,19 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
     if (!s.kv || !s.kv->format || s.n_tokens <= 0)
       return make_error("forward: empty sequence chunk");
     const KvFormat& f = *s.kv->format;
-    if (f.kv_heads != c.kv_heads || f.head_dim != c.head_dim)
+    if (f.kv_heads != c.cache_heads() || f.head_dim != c.cache_dim())
       return make_error("forward: the KV pages have " + std::to_string(f.kv_heads) + " heads of " +
-                        std::to_string(f.head_dim) + ", the model " + std::to_string(c.kv_heads) +
-                        " of " + std::to_string(c.head_dim));
+                        std::to_string(f.head_dim) + ", the model " + std::to_string(c.cache_heads()) +
+                        " of " + std::to_string(c.cache_dim()));
+    if (c.mla() && f.v_offset != f.k_offset)
+      return make_error("forward: latent-attention KV pages must share K and V (one row per token)");
+    if (c.index_topk > 0 && s.pos0 + s.n_tokens > c.index_topk)
+      return make_error("forward: sparse attention (DSA) over more than index_topk = " +
+                        std::to_string(c.index_topk) +
+                        " tokens is not implemented; up to that length it is dense attention");
     if (f.elem != kernels::KvElem::kBf16 && !f.dynamic_scales &&
-        (int64_t(f.static_k.size()) != c.layers * c.kv_heads ||
-         int64_t(f.static_v.size()) != c.layers * c.kv_heads))
+        (int64_t(f.static_k.size()) != c.layers * c.cache_heads() ||
+         int64_t(f.static_v.size()) != c.layers * c.cache_heads()))
       return make_error("forward: static FP8 KV needs one K and one V scale per layer and KV head");
     if (s.pos0 < 0 || s.pos0 + s.n_tokens > s.kv->capacity())
       return make_error("forward: positions [" + std::to_string(s.pos0) + ", " +
@@ -479,9 +555,16 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   // Attention block.
   for (int64_t t = 0; t < T; ++t)
     ops::rmsnorm(ws.x.data() + t * H, layer_of(t).attn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
-  linear(l, 0, ws.h.data(), H, ws.qkv.data(), qkv_n);
-  attention(l, b, T);
-  linear(l, 1, ws.attn.data(), c.q_dim(), ws.out.data(), H);
+  if (c.mla()) {
+    const int64_t first = (c.q_lora_rank > 0 ? c.q_lora_rank : c.q_dim()) + c.cache_dim();
+    linear(l, 0, ws.h.data(), H, ws.qkv.data(), first);
+    mla_attention(l, b, T);
+    linear(l, 1, ws.attn.data(), c.heads * c.v_head_dim, ws.out.data(), H);
+  } else {
+    linear(l, 0, ws.h.data(), H, ws.qkv.data(), qkv_n);
+    attention(l, b, T);
+    linear(l, 1, ws.attn.data(), c.q_dim(), ws.out.data(), H);
+  }
   for (int64_t t = 0; t < T; ++t) {
     const auto& L = layer_of(t);
     float* o = ws.out.data() + t * H;
@@ -789,6 +872,267 @@ void Model::attention(int64_t l, const Batch& b, int64_t T) {
           sc[j] = std::tanh(sc[j] / c.attn_softcap) * c.attn_softcap;
       K.softmax(sc, ns[i]);
       K.attn_weighted_sum(sc, vbase + row0 * kvd, kvd, ns[i], hd, o0 + i * qd);
+    }
+  }
+}
+
+// Multi-head latent attention (DeepSeek-V3). Each token caches one row per
+// layer, the normed latent c (kv_lora_rank) and the roped shared key k_pe,
+// in the page dtype with one scale for the whole row. Decode absorbs the
+// up-projections: head h's query becomes [W_uk_h^T q_nope_h, q_pe_h], so it
+// attends over the cached rows as a single KV head of width D (the row is
+// K and V at once), and its output is W_uv_h applied to the attended latent.
+// Prefill expands the rows it attends over into per-head K = [W_uk_h c, k_pe]
+// and V = W_uv_h c (BF16) and runs the usual causal attention.
+void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
+  const auto& c = cfg_;
+  const auto& K = kernels::active();
+  auto& ws = *ws_;
+  static const Q4Matrix kNoQ4;
+  const int64_t H = c.heads, qk = c.head_dim, nope = c.qk_nope_dim, dr = c.qk_rope_dim,
+                R = c.kv_lora_rank, D = R + dr, dv = c.v_head_dim, hh = c.head_dim / 2;
+  const int64_t qa = c.q_lora_rank > 0 ? c.q_lora_rank : H * qk;
+  const int64_t ldx = qa + D;
+  const LayerWeights& L0 = sets_[0].layers[size_t(l)];  // norms: the same in every set
+  constexpr float kLatentEps = 1e-6f;  // q_a / kv_a norms use the RMSNorm default, not rms_norm_eps
+  const bool il = c.rope_interleave;
+
+  // Latent rows (normed c | roped k_pe) and the normed q_a.
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = ws.qkv.data() + t * ldx;
+      if (c.q_lora_rank > 0) ops::rmsnorm(row, L0.q_a_norm.data(), kLatentEps, row, qa);
+      float* lat = ws.lat.data() + t * D;
+      ops::rmsnorm(row + qa, L0.kv_a_norm.data(), kLatentEps, lat, R);
+      std::memcpy(lat + R, row + qa + R, size_t(dr) * sizeof(float));
+      rope_rows(lat + R, ws.cos_g.data() + t * hh, ws.sin_g.data() + t * hh, dr, il);
+    }
+  });
+  // Queries [T, H*qk] (q_b of the normed q_a, or q_proj's rows directly).
+  float* q = ws.qkv.data();
+  int64_t ldq = ldx;
+  if (c.q_lora_rank > 0) {
+    for (const auto& sg : segs_) {
+      const LayerWeights& L = sets_[size_t(sg.set)].layers[size_t(l)];
+      ops::linear(ws.qkv.data() + sg.t0 * ldx, ldx, L.wq_b, L.wq_b_q4,
+                  ws.mq.data() + sg.t0 * c.q_dim(), c.q_dim(), sg.t1 - sg.t0, ws.xb.data(), ws.q8);
+    }
+    q = ws.mq.data();
+    ldq = c.q_dim();
+  }
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        rope_rows(q + t * ldq + h * qk + nope, ws.cos_g.data() + t * hh, ws.sin_g.data() + t * hh,
+                  dr, il);
+  });
+  // The rows into their page slots: one scale per row covers latent and k_pe.
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const TokenRef& it = ws.items[size_t(t)];
+      const KvFormat& f = *it.s->kv->format;
+      const int64_t pos = it.s->pos0 + it.i;
+      uint8_t* page = it.s->kv->pages[pos / f.page_tokens] + l * f.layer_bytes;
+      const int64_t slot = pos % f.page_tokens;
+      const float* row = ws.lat.data() + t * D;
+      uint8_t* dst = page + f.k_offset + slot * f.row_bytes();
+      if (f.elem == kernels::KvElem::kBf16) {
+        K.f32_to_bf16(row, reinterpret_cast<uint16_t*>(dst), D);
+        continue;
+      }
+      float sc;
+      if (f.dynamic_scales) {
+        sc = kv_row_scale(f.elem, row, D);
+        reinterpret_cast<uint16_t*>(page + f.k_scale_offset)[slot] = f32_to_bf16(sc);
+      } else {
+        sc = f.static_k[size_t(l)];
+      }
+      kv_store_row(f.elem, row, D, sc, dst);
+    }
+  });
+
+  std::vector<int64_t>& chunk_t0 = chunk_t0_;
+  chunk_t0.assign(b.seqs.size(), 0);
+  ws.dec_tok.clear();
+  bool any_prefill = false;
+  {
+    int64_t t = 0;
+    for (size_t si = 0; si < b.seqs.size(); ++si) {
+      chunk_t0[si] = t;
+      if (ws.gather_off[si] < 0)
+        ws.dec_tok.push_back(int64_t(si));
+      else
+        any_prefill = true;
+      t += b.seqs[si].n_tokens;
+    }
+  }
+  const int nt = num_threads();
+
+  // Decode: absorbed queries, paged attention over the latent rows, W_uv.
+  if (!ws.dec_tok.empty()) {
+    const LayerWeights& Ld = sets_[size_t(decode_set_)].layers[size_t(l)];
+    const int64_t Td = int64_t(ws.dec_tok.size());
+    for (int64_t d = 0; d < Td; ++d) {
+      const int64_t t = chunk_t0[size_t(ws.dec_tok[size_t(d)])];
+      for (int64_t h = 0; h < H; ++h) {
+        std::memcpy(ws.mdq.data() + (d * H + h) * nope, q + t * ldq + h * qk, size_t(nope) * 4);
+        std::memcpy(ws.mql.data() + (d * H + h) * D + R, q + t * ldq + h * qk + nope,
+                    size_t(dr) * 4);
+      }
+    }
+    for (int64_t h = 0; h < H; ++h)
+      ops::linear(ws.mdq.data() + h * nope, H * nope, Ld.w_uk_t[size_t(h)], kNoQ4,
+                  ws.mql.data() + h * D, H * D, Td, ws.xb.data(), ws.q8);
+    constexpr int64_t kHeadBlock = 8;
+    const int64_t nblk = (H + kHeadBlock - 1) / kHeadBlock;
+    const int64_t n_tasks = Td * nblk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_tasks > 1 && nt > 1)
+    for (int64_t w = 0; w < n_tasks; ++w) {
+      const int tid = omp_get_thread_num();
+      const int64_t d = w / nblk, h0 = (w % nblk) * kHeadBlock;
+      const int64_t g = std::min(kHeadBlock, H - h0);
+      const auto& s = b.seqs[size_t(ws.dec_tok[size_t(d)])];
+      const KvFormat& f = *s.kv->format;
+      const int64_t n = s.pos0 + 1;
+      const uint8_t** kp = ws.ptrs.data() + int64_t(tid) * 4 * ws.max_pages;
+      const uint16_t** ksp = reinterpret_cast<const uint16_t**>(kp + ws.max_pages);
+      const int64_t np = (n + f.page_tokens - 1) / f.page_tokens;
+      for (int64_t p = 0; p < np; ++p) {
+        const uint8_t* page = s.kv->pages[p] + l * f.layer_bytes;
+        kp[p] = page + f.k_offset;
+        if (f.dynamic_scales) ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset);
+      }
+      kernels::PagedKv kv;
+      kv.elem = f.elem;
+      kv.n_tokens = n;
+      kv.page_tokens = f.page_tokens;
+      kv.token_stride = f.row_bytes();
+      kv.scale_stride = 1;
+      kv.k_pages = kp;
+      kv.v_pages = kp;  // the same row is K and V
+      if (f.dynamic_scales) {
+        kv.k_scales = ksp;
+        kv.v_scales = ksp;
+      } else if (f.elem != kernels::KvElem::kBf16) {
+        kv.k_scale = kv.v_scale = f.static_k[size_t(l)];
+      }
+      float* sc = ws.scores.data() + int64_t(tid) * std::max<int64_t>(8, kPrefillQueries) * ws.ctx;
+      K.paged_attn_decode(ws.mql.data() + (d * H + h0) * D, g, D, c.attn_scale, kv, sc,
+                          ws.mol.data() + (d * H + h0) * D);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      ops::linear(ws.mol.data() + h * D, H * D, Ld.w_uv[size_t(h)], kNoQ4,
+                  ws.mdv.data() + h * dv, H * dv, Td, ws.xb.data(), ws.q8);
+    for (int64_t d = 0; d < Td; ++d) {
+      const int64_t t = chunk_t0[size_t(ws.dec_tok[size_t(d)])];
+      std::memcpy(ws.attn.data() + t * H * dv, ws.mdv.data() + d * H * dv, size_t(H * dv) * 4);
+    }
+  }
+  if (!any_prefill) return;
+
+  // Prefill: the chunk's context rows in BF16 (earlier ones decoded from the
+  // pages, its own from the fresh FP32 rows), expanded to per-head K and V.
+  const LayerWeights& Lp = sets_[size_t(prefill_set_)].layers[size_t(l)];
+  int64_t rows = 0;
+  std::vector<GatherPiece>& pieces = gather_pieces_;
+  pieces.clear();
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    if (ws.gather_off[si] < 0) continue;
+    const auto& s = b.seqs[si];
+    const int64_t pt = s.kv->format->page_tokens;
+    for (int64_t j = 0; j < s.pos0 + s.n_tokens;) {
+      const int64_t e = std::min((j / pt + 1) * pt, s.pos0 + s.n_tokens);
+      pieces.push_back({int64_t(si), j, e});
+      j = e;
+    }
+    rows = std::max(rows, ws.gather_off[si] + s.pos0 + s.n_tokens);
+  }
+  parallel_for(int64_t(pieces.size()), 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> tmp(static_cast<size_t>(D));
+    for (int64_t p = p0; p < p1; ++p) {
+      const GatherPiece& pc = pieces[size_t(p)];
+      const auto& s = b.seqs[size_t(pc.seq)];
+      const KvFormat& f = *s.kv->format;
+      for (int64_t j = pc.j0; j < pc.j1; ++j) {
+        uint16_t* g = ws.gk.data() + (ws.gather_off[size_t(pc.seq)] + j) * D;
+        if (j >= s.pos0) {
+          K.f32_to_bf16(ws.lat.data() + (chunk_t0[size_t(pc.seq)] + j - s.pos0) * D, g, D);
+          continue;
+        }
+        const uint8_t* page = s.kv->pages[j / f.page_tokens] + l * f.layer_bytes;
+        const int64_t slot = j % f.page_tokens;
+        const uint8_t* src = page + f.k_offset + slot * f.row_bytes();
+        if (f.elem == kernels::KvElem::kBf16) {
+          std::memcpy(g, src, size_t(D) * 2);
+          continue;
+        }
+        const float* table =
+            f.elem == kernels::KvElem::kFp8E4m3 ? fp8_e4m3_table() : fp8_e5m2_table();
+        const float sc = f.dynamic_scales
+                             ? bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot])
+                             : f.static_k[size_t(l)];
+        for (int64_t d = 0; d < D; ++d) tmp[size_t(d)] = table[src[d]] * sc;
+        K.f32_to_bf16(tmp.data(), g, D);
+      }
+    }
+  });
+  const int64_t W = nope + dv;
+  for (int64_t r0 = 0; r0 < rows; r0 += kExpandRows) {
+    const int64_t n = std::min(kExpandRows, rows - r0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t k = 0; k < R; ++k)
+        ws.mexp_in[size_t(r * R + k)] = bf16_to_f32(ws.gk[size_t((r0 + r) * D + k)]);
+    ops::linear(ws.mexp_in.data(), R, Lp.wkv_b, kNoQ4, ws.mexp.data(), H * W, n, ws.mxb.data(),
+                ws.q8);
+    parallel_for(n, 16, [&](int64_t a, int64_t e) {
+      for (int64_t r = a; r < e; ++r) {
+        const float* x = ws.mexp.data() + r * H * W;
+        uint16_t* kr = ws.ek.data() + (r0 + r) * c.q_dim();
+        uint16_t* vr = ws.ev.data() + (r0 + r) * H * dv;
+        for (int64_t h = 0; h < H; ++h) {
+          K.f32_to_bf16(x + h * W, kr + h * qk, nope);
+          std::memcpy(kr + h * qk + nope, ws.gk.data() + (r0 + r) * D + R, size_t(dr) * 2);
+          K.f32_to_bf16(x + h * W + nope, vr + h * dv, dv);
+        }
+      }
+    });
+  }
+  auto& pre = ws.prefill_tasks;
+  pre.clear();
+  for (size_t si = 0; si < b.seqs.size(); ++si) {
+    if (ws.gather_off[si] < 0) continue;
+    const auto& s = b.seqs[si];
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < s.n_tokens; i += kPrefillQueries)
+        pre.push_back({int64_t(si), chunk_t0[si] + i, h, std::min(kPrefillQueries, s.n_tokens - i)});
+  }
+  const int64_t ldk = c.q_dim(), ldv = H * dv, n_pre = int64_t(pre.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_pre > 1 && nt > 1)
+  for (int64_t w = 0; w < n_pre; ++w) {
+    const int tid = omp_get_thread_num();
+    float* sc = ws.scores.data() + int64_t(tid) * std::max<int64_t>(8, kPrefillQueries) * ws.ctx;
+    const auto& task = pre[size_t(w)];
+    const int64_t h = task.b, g0 = ws.gather_off[size_t(task.seq)];
+    const uint16_t* kbase = ws.ek.data() + g0 * ldk + h * qk;
+    const uint16_t* vbase = ws.ev.data() + g0 * ldv + h * dv;
+    int64_t ns[kPrefillQueries];
+    for (int64_t i = 0; i < task.n; ++i) {
+      const TokenRef& it = ws.items[size_t(task.a + i)];
+      ns[i] = it.s->pos0 + it.i + 1;
+    }
+    const float* q0 = q + task.a * ldq + h * qk;
+    float* o0 = ws.attn.data() + task.a * ldv + h * dv;
+    if (task.n > 1 && K.attn_scores_multi && K.attn_weighted_sum_multi) {
+      const int64_t n_max = ns[task.n - 1];
+      K.attn_scores_multi(q0, ldq, task.n, kbase, ldk, n_max, qk, c.attn_scale, sc, n_max);
+      for (int64_t i = 0; i < task.n; ++i) K.softmax(sc + i * n_max, ns[i]);
+      K.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase, ldv, dv, o0, ldv);
+      continue;
+    }
+    for (int64_t i = 0; i < task.n; ++i) {
+      K.attn_scores(q0 + i * ldq, kbase, ldk, ns[i], qk, c.attn_scale, sc);
+      K.softmax(sc, ns[i]);
+      K.attn_weighted_sum(sc, vbase, ldv, ns[i], dv, o0 + i * ldv);
     }
   }
 }

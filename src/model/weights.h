@@ -61,6 +61,17 @@ struct LayerWeights {
   std::vector<float> router_bias;     // [n_experts] score-correction bias, or empty
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;               // shared experts (gate_up empty when none)
+  // Multi-head latent attention (config.mla()). wqkv then holds the products
+  // that read the normed input, [q_a or q (q_lora_rank or heads*qk) ;
+  // kv_a (kv_lora_rank + qk_rope_dim)], and wo is [hidden, heads*v_head_dim].
+  std::vector<float> q_a_norm, kv_a_norm;  // [q_lora_rank] (empty without), [kv_lora_rank]
+  Matrix wq_b;                             // [heads*qk, q_lora_rank]
+  Q4Matrix wq_b_q4;
+  Matrix wkv_b;                            // [heads*(qk_nope+v), kv_lora_rank]: prefill expands K, V
+  // Decode with the up-projections absorbed: per head, k_nope's W_uk
+  // transposed [kv_lora_rank, qk_nope] (query -> latent space) and v's W_uv
+  // [v_head_dim, kv_lora_rank] (latent output -> head output).
+  std::vector<Matrix> w_uk_t, w_uv;
 };
 
 struct ModelWeights {
