@@ -14,6 +14,7 @@ void register_all(CLI::App& app) {
   register_plan(app);
   register_eval_kv(app);
   register_eval_weights(app);
+  register_eval(app);
   register_serve(app);
   register_quantize(app);
 }

@@ -13,6 +13,7 @@ void register_generate(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_eval_kv(CLI::App& app);
 void register_eval_weights(CLI::App& app);
+void register_eval(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_bench_serve(CLI::App& bench);  // `kvant bench serve`, under bench
