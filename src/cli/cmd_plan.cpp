@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "engine/kv_plan.h"
+#include "engine/weight_plan.h"
 #include "io/json_text.h"
 
 namespace kvant::cli {
@@ -21,7 +22,28 @@ struct PlanOpts {
   std::string scales = "dynamic";  // the engine's default (docs/FORMATS.md, Scales)
   int64_t page_tokens = 16;
   bool json = false;
+  // A deployment: GPUs (tensor-parallel over all of them), each one's memory,
+  // and the share kept back for activations, graphs and communication.
+  int64_t gpus = 0;
+  std::string gpu_memory = "141GB";
+  double headroom = 0.12;
 };
+
+std::string gb(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GB (%.1f GiB)", bytes / 1e9, bytes / double(1ull << 30));
+  return b;
+}
+
+std::string thousands(int64_t v) {
+  std::string d = std::to_string(v), out;
+  for (size_t i = 0; i < d.size(); ++i) {
+    out += d[i];
+    const size_t left = d.size() - i - 1;
+    if (left > 0 && left % 3 == 0) out += ',';
+  }
+  return out;
+}
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvant plan: %s\n", msg.c_str());
@@ -29,11 +51,12 @@ int fail(const std::string& msg) {
 }
 
 int run_plan(const PlanOpts& o) {
-  auto bytes = parse_byte_size(o.memory);
+  if (o.memory.empty() && o.gpus <= 0) return fail("give --memory (a KV budget per rank) or --gpus");
+  auto bytes = parse_byte_size(o.memory.empty() ? "1GiB" : o.memory);
   if (!bytes) return fail(bytes.error().message);
   KvPlanOptions po;
   po.memory_bytes = *bytes;
-  po.tp = o.tp;
+  po.tp = o.gpus > 0 ? o.gpus : o.tp;
   po.page_tokens = o.page_tokens;
   if (o.kv_dtype == "bf16")
     po.dtypes = {KvDType::kBf16};
@@ -60,12 +83,101 @@ int run_plan(const PlanOpts& o) {
   if (!shape) return fail(path + ": " + shape.error().message);
   auto plan = make_kv_plan(*shape, po);
   if (!plan) return fail(plan.error().message);
+  // Weights (only where the config describes a decoder kvant can size).
+  auto weights = weight_plan_from_config(*cfg);
+  if (o.gpus <= 0) {
+    if (o.json) {
+      auto j = kv_plan_to_json(*plan);
+      j["config"] = path;
+      if (weights) j["weights"] = weight_plan_to_json(*weights);
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      if (!o.memory.empty()) std::fputs(kv_plan_to_text(*plan).c_str(), stdout);
+    }
+    return 0;
+  }
+  if (!weights) return fail(path + ": " + weights.error().message);
+  auto hbm = parse_byte_size(o.gpu_memory);
+  if (!hbm) return fail(hbm.error().message);
+  if (o.headroom < 0 || o.headroom >= 1) return fail("--headroom must be in [0, 1)");
+
+  // KV bytes per token: per layer and over all layers, one rank.
+  KvPlanOptions one = po;
+  one.memory_bytes = int64_t(1) << 40;
+  one.dtypes = {KvDType::kBf16, KvDType::kFp8E4m3};
+  auto per_token = make_kv_plan(*shape, one);
+  if (!per_token) return fail(per_token.error().message);
+  const double usable = double(*hbm) * (1.0 - o.headroom);
+  nlohmann::json jd = nlohmann::json::array();
+  std::string text;
+  char buf[512];
+  const auto& s = shape.value();
+  std::snprintf(buf, sizeof buf, "model: %s, %lld layers; %.1fB parameters (%.1fB routed-expert, %.1fB active per token)%s\n",
+                (weights->architecture.empty() ? s.architecture : weights->architecture).c_str(),
+                (long long)s.layers, double(weights->params_no_mtp) / 1e9,
+                double(weights->expert_params) / 1e9, double(weights->active_params) / 1e9,
+                weights->params != weights->params_no_mtp ? " without MTP layers" : "");
+  text += buf;
+  text += "\nKV cache per token (one rank; " + std::string(s.mla ? "MLA latent row, every rank holds it whole" : "KV heads split over ranks") + "):\n";
+  for (const auto& r : per_token->rows) {
+    std::snprintf(buf, sizeof buf, "  %-9s %-8s %8.1f B per layer  %10s B per token\n",
+                  kv_dtype_name(r.dtype), kv_scale_mode_name(r.scales),
+                  r.bytes_per_token / double(s.layers),
+                  thousands(int64_t(std::llround(r.bytes_per_token))).c_str());
+    text += buf;
+  }
+  text += "\nweights (checkpoint, MTP layers included | served, without them):\n";
+  for (const auto& w : weights->policies) {
+    std::snprintf(buf, sizeof buf, "  %-9s %22s | %22s   %s\n", w.name.c_str(), gb(w.bytes).c_str(),
+                  gb(w.bytes_no_mtp).c_str(), w.description.c_str());
+    text += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "\n%lld x %s GPUs, tensor parallel %lld, %.0f%% of each kept as headroom "
+                "(activations, graphs, communication): %s usable per GPU\n",
+                (long long)o.gpus, gb(double(*hbm)).c_str(), (long long)o.gpus, o.headroom * 100,
+                gb(usable).c_str());
+  text += buf;
+  std::snprintf(buf, sizeof buf, "  %-9s %22s %22s %16s %16s\n", "weights", "per GPU", "KV per GPU",
+                "tokens BF16 KV", "tokens FP8 KV");
+  text += buf;
+  for (const auto& w : weights->policies) {
+    const double per_gpu = w.bytes_no_mtp / double(o.gpus);
+    const double kv = usable - per_gpu;
+    nlohmann::json row = {{"weights", w.name}, {"weight_bytes", w.bytes},
+                          {"weight_bytes_served", w.bytes_no_mtp},
+                          {"weight_bytes_per_gpu", per_gpu}, {"kv_bytes_per_gpu", kv}};
+    int64_t tok[2] = {0, 0};
+    if (kv > 0) {
+      KvPlanOptions d = po;
+      d.memory_bytes = int64_t(kv);
+      d.dtypes = {KvDType::kBf16, KvDType::kFp8E4m3};
+      auto kp = make_kv_plan(*shape, d);
+      if (!kp) return fail(kp.error().message);
+      tok[0] = kp->rows[0].tokens;
+      tok[1] = kp->rows[1].tokens;
+    }
+    row["tokens_bf16_kv"] = tok[0];
+    row["tokens_fp8_kv"] = tok[1];
+    jd.push_back(row);
+    std::snprintf(buf, sizeof buf, "  %-9s %22s %22s %16s %16s\n", w.name.c_str(), gb(per_gpu).c_str(),
+                  kv > 0 ? gb(kv).c_str() : "none", thousands(tok[0]).c_str(), thousands(tok[1]).c_str());
+    text += buf;
+  }
+  text += "\ntokens: whole KV pages in (usable - weights per GPU); weights split evenly over the "
+          "GPUs (small replicated parts such as MLA's down-projections are not modelled).\n";
+  for (const auto& n : weights->notes) text += "note: " + n + "\n";
+  for (const auto& n : s.notes) text += "note: " + n + "\n";
   if (o.json) {
-    auto j = kv_plan_to_json(*plan);
+    nlohmann::json j;
     j["config"] = path;
+    j["kv"] = kv_plan_to_json(*per_token);
+    j["weights"] = weight_plan_to_json(*weights);
+    j["deployment"] = {{"gpus", o.gpus}, {"gpu_memory_bytes", *hbm}, {"headroom", o.headroom},
+                       {"usable_bytes_per_gpu", usable}, {"rows", jd}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::fputs(kv_plan_to_text(*plan).c_str(), stdout);
+    std::fputs(text.c_str(), stdout);
   }
   return 0;
 }
@@ -79,8 +191,14 @@ void register_plan(CLI::App& app) {
   cmd->add_option("-c,--config", o.config,
                   "config.json (or its directory) of any Hugging Face model")
       ->required();
-  cmd->add_option("--memory", o.memory, "KV budget per rank: bytes, or e.g. 2GiB, 512MiB, 80GB")
-      ->required();
+  cmd->add_option("--memory", o.memory, "KV budget per rank: bytes, or e.g. 2GiB, 512MiB, 80GB");
+  cmd->add_option("--gpus", o.gpus,
+                  "plan a deployment on this many GPUs (tensor parallel over all): weight bytes "
+                  "per precision and the KV tokens left")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--gpu-memory", o.gpu_memory, "memory of each GPU (default 141GB, an H200)");
+  cmd->add_option("--headroom", o.headroom,
+                  "share of each GPU kept for activations, graphs and communication (default 0.12)");
   cmd->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::Range(1, 4096));
   cmd->add_option("--kv-dtype", o.kv_dtype, "bf16, fp8_e4m3, fp8_e5m2 or all (default all)");
   cmd->add_option("--scales", o.scales, "FP8 scales: dynamic (the engine's default) or static");

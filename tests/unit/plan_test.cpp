@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/kv_plan.h"
+#include "engine/weight_plan.h"
 #include "io/json_text.h"
 
 namespace kvant {
@@ -129,6 +130,63 @@ TEST(PlanConfig, MlaInsideTextConfigAndGlmDsa) {
   // A dense text_config wins over stale top-level sizes.
   json wrapped = {{"num_hidden_layers", 2}, {"text_config", smollm2_config()}};
   EXPECT_EQ(shape_of(wrapped).layers, 30);
+}
+
+// The shipped real-model configs (tests/fixtures/plan/README.md): weight
+// bytes against hand arithmetic, and the KV row of each.
+WeightPlan weights_of(const std::string& file) {
+  auto cfg = read_json_file(std::string(KVANT_FIXTURES) + "/plan/" + file);
+  EXPECT_TRUE(cfg.ok());
+  auto w = weight_plan_from_config(cfg.ok() ? *cfg : json::object());
+  EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.error().message);
+  return w.ok() ? *w : WeightPlan{};
+}
+
+const WeightPolicyBytes& policy(const WeightPlan& w, const std::string& name) {
+  for (const auto& p : w.policies)
+    if (p.name == name) return p;
+  ADD_FAILURE() << "no policy " << name;
+  return w.policies.front();
+}
+
+TEST(PlanWeights, TensorBytesPerFormat) {
+  // [2048, 7168]: BF16 2 B each; FP8 1 B plus an FP32 scale per 128x128
+  // tile (16 x 56); INT4 half a byte plus a BF16 scale per 32 of a row.
+  EXPECT_EQ(weight_tensor_bytes(WeightFormat::kBf16, 2048, 7168), 2.0 * 2048 * 7168);
+  EXPECT_EQ(weight_tensor_bytes(WeightFormat::kFp8Block, 2048, 7168), 2048.0 * 7168 + 4 * 16 * 56);
+  EXPECT_EQ(weight_tensor_bytes(WeightFormat::kInt4, 2048, 7168), 2048.0 * 7168 / 2 + 2.0 * 2048 * 224);
+  EXPECT_EQ(weight_tensor_bytes(WeightFormat::kFp8Block, 130, 129), 130.0 * 129 + 4 * 2 * 2);
+}
+
+TEST(PlanWeights, KimiK26) {
+  const WeightPlan w = weights_of("kimi_k2.6_config.json");
+  // 60 MoE layers x 384 experts x 3 projections of 7168 x 2048.
+  EXPECT_EQ(w.expert_params, int64_t(60) * 384 * 3 * 7168 * 2048);
+  EXPECT_EQ(w.params, w.params_no_mtp);  // no MTP layer
+  // Native = compressed-tensors INT4 g32 on the routed experts only (the
+  // ignore list keeps attention, shared experts, the dense layer, lm_head):
+  // the same bytes as the "int4" policy.
+  EXPECT_EQ(policy(w, "native").bytes, policy(w, "int4").bytes);
+  EXPECT_NEAR(policy(w, "native").expert_bytes,
+              double(w.expert_params) * (0.5 + 2.0 / 32), 1.0);
+  EXPECT_NEAR(policy(w, "native").bytes / 1e9, 594.2, 0.1);
+  EXPECT_NEAR(double(w.params) / 1e9, 1026.4, 0.1);
+  auto cfg = read_json_file(std::string(KVANT_FIXTURES) + "/plan/kimi_k2.6_config.json");
+  const KvPlan p = plan_of(shape_of(*cfg), 2 * kGiB, 8);
+  EXPECT_EQ(p.rows[0].bytes_per_token, 70272.0);  // 61 x (512 + 64) x 2, every rank
+}
+
+TEST(PlanWeights, Glm52) {
+  const WeightPlan w = weights_of("glm_5.2_config.json");
+  EXPECT_EQ(w.expert_params, int64_t(75) * 256 * 3 * 6144 * 2048);
+  EXPECT_GT(w.params, w.params_no_mtp);  // one MTP layer in the checkpoint
+  // Native FP8 blocks = the all-FP8 policy here (only lm_head, embeddings
+  // and the indexer's weights_proj stay BF16 either way).
+  EXPECT_NEAR(policy(w, "native").bytes, policy(w, "fp8").bytes,
+              2.0 * 6144 * 32 * 79);  // weights_proj: BF16 in native, FP8 in "fp8"
+  // The published 705 -> 421 (GiB) for the FP8 and INT4-expert checkpoints.
+  EXPECT_NEAR(policy(w, "native").bytes / double(kGiB), 704.2, 0.5);
+  EXPECT_NEAR(policy(w, "int4").bytes / double(kGiB), 421.0, 0.5);
 }
 
 TEST(PlanCapacity, TensorParallelSplitsHeadsButReplicatesLatent) {
