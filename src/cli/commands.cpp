@@ -17,5 +17,6 @@ void register_all(CLI::App& app) {
   register_eval(app);
   register_serve(app);
   register_quantize(app);
+  register_synth(app);
 }
 }  // namespace kvant::cli
