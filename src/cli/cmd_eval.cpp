@@ -63,7 +63,7 @@ struct Opts {
   std::string url, api_key, served_model;
   std::string data;
   std::string out, md, label;
-  int limit = 0;
+  std::string limit = "0";  // "N" or "task=N,task=N"
   uint64_t seed = 1234;
   int concurrency = 8;
   bool no_resume = false;
@@ -260,30 +260,32 @@ Result<void> ensure_tokenizer(Ctx& c) {
   return {};
 }
 
-// Harness tokenization: whole = enc(context + continuation), the context is
-// enc(context), the continuation whole[len(enc(context)):].
-struct Tokenized {
-  std::vector<int32_t> ctx;
-  std::vector<std::vector<int32_t>> conts;
-};
-Tokenized tokenize_requests(const Tokenizer& tok, const std::vector<LoglikRequest>& reqs) {
-  Tokenized t;
-  t.ctx = tok.encode(reqs[0].context, true, false);
-  for (const auto& r : reqs) {
-    const auto whole = tok.encode(r.context + r.continuation, true, false);
-    const auto ctx = r.context == reqs[0].context ? t.ctx : tok.encode(r.context, true, false);
-    std::vector<int32_t> cont;
-    if (whole.size() > ctx.size()) cont.assign(whole.begin() + long(ctx.size()), whole.end());
-    t.conts.push_back(std::move(cont));
+// --limit: "N" for every task, or "task=N,..." (tasks not named: all items).
+Result<size_t> limit_for(const std::string& spec, const std::string& task) {
+  try {
+    if (spec.find('=') == std::string::npos) return size_t(std::stoul(spec));
+    std::stringstream ss(spec);
+    for (std::string kv; std::getline(ss, kv, ',');) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos) return make_error("eval: --limit " + spec + ": expected task=N");
+      if (kv.substr(0, eq) == task) return size_t(std::stoul(kv.substr(eq + 1)));
+    }
+    return size_t(0);
+  } catch (...) {
+    return make_error("eval: --limit " + spec + ": expected N or task=N,task=N");
   }
-  return t;
 }
 
 // Multiple choice: ARC-Challenge and MMLU.
+Result<json> mmlu_over_server(Ctx& c, const McItem& it, const std::string& context);
+
 Result<json> run_mc(Ctx& c, const std::string& task) {
-  KV_TRY(ensure_local_model(c));
-  KV_TRY(ensure_tokenizer(c));
   const Opts& o = c.o;
+  const bool remote = !o.url.empty();
+  if (!remote) {
+    KV_TRY(ensure_local_model(c));
+    KV_TRY(ensure_tokenizer(c));
+  }
   std::vector<McItem> items;
   std::map<std::string, std::string> prefix_of;  // per subject (MMLU) or "" (ARC)
   int shots = 0;
@@ -315,22 +317,52 @@ Result<json> run_mc(Ctx& c, const std::string& task) {
   }
   std::vector<std::string> ids, strata;
   for (const auto& it : items) ids.push_back(it.id), strata.push_back(it.stratum);
-  const Subset sub = stratified_subset(task, ids, strata, size_t(o.limit), o.seed);
+  auto lim = limit_for(o.limit, task);
+  if (!lim) return lim.error();
+  const Subset sub = stratified_subset(task, ids, strata, *lim, o.seed);
   size_t resumed = 0;
   for (size_t i : sub.indices) resumed += c.log->find(task, items[i].id) != nullptr;
   Progress prog(task, sub.indices.size(), resumed, o.quiet);
+  if (remote) {
+    // MMLU through a server: --concurrency requests at once.
+    std::vector<size_t> todo;
+    for (size_t i : sub.indices)
+      if (!c.log->find(task, items[i].id)) todo.push_back(i);
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    Result<void> err;
+    std::vector<std::thread> th;
+    for (int w = 0; w < std::max(1, o.concurrency); ++w)
+      th.emplace_back([&] {
+        for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
+          const McItem& it = items[todo[k]];
+          auto rec = mmlu_over_server(c, it, mmlu_requests(prefix_of[it.subject], it)[0].context);
+          std::lock_guard<std::mutex> lk(mu);
+          if (!err.ok()) return;
+          if (!rec) {
+            err = make_error(task + " " + it.id + ": " + rec.error().message);
+            return;
+          }
+          if (auto a = c.log->append(*rec); !a) err = a;
+          prog.tick();
+        }
+      });
+    for (auto& t : th) t.join();
+    KV_TRY(err);
+  }
   int64_t k_acc = 0, k_norm = 0;
   json item_out = json::array();
   for (size_t i : sub.indices) {
     const McItem& it = items[i];
     const json* done = c.log->find(task, it.id);
     json rec;
+    if (!done && remote) return make_error(task + " " + it.id + ": no result from the server");
     if (done) {
       rec = *done;
     } else {
       const std::string& prefix = task == "arc_challenge" ? prefix_of[""] : prefix_of[it.subject];
       const auto reqs = task == "arc_challenge" ? arc_requests(prefix, it) : mmlu_requests(prefix, it);
-      const Tokenized t = tokenize_requests(*c.tok, reqs);
+      const TokenizedRequests t = tokenize_requests(*c.tok, reqs);
       auto sc = c.scorer->score(t.ctx, t.conts);
       if (!sc) return make_error(task + " " + it.id + ": " + sc.error().message);
       std::vector<double> ll, lln;
@@ -376,7 +408,49 @@ Result<json> run_mc(Ctx& c, const std::string& task) {
   r["metrics"]["acc_norm"] = metric(proportion(k_norm, n), "%", "acc_norm");
   if (task == "mmlu") r["metrics"].erase("acc_norm");  // one-token choices: the same as acc
   r["items"] = item_out;
+  if (remote) {
+    int64_t unseen = 0;
+    for (const auto& it : item_out) unseen += it.value("letters_in_top", 4) == 0;
+    r["server"] = {{"method", "top-5 log-probabilities of the first generated token"},
+                   {"items_without_a_letter_in_top5", unseen}};
+  }
   return r;
+}
+
+// One MMLU question through /v1/completions: one greedy token with the top 5
+// log-probabilities (the legacy API's most). A letter absent from the 5 is
+// less likely than all 5, so the most likely letter is still known whenever
+// any letter is listed; absent letters get -inf. Questions with no letter in
+// the top 5 count as wrong.
+Result<json> mmlu_over_server(Ctx& c, const McItem& it, const std::string& context) {
+  json body = {{"model", c.served_model}, {"prompt", context}, {"max_tokens", 1},
+               {"temperature", 0},        {"logprobs", 5}};
+  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/v1/completions", &body);
+  if (!r) return r.error();
+  json top;
+  try {
+    top = r->at("choices").at(0).at("logprobs").at("top_logprobs").at(0);
+  } catch (const std::exception& e) {
+    return make_error(std::string("server: no top_logprobs in the completion: ") + e.what());
+  }
+  std::vector<double> ll;
+  int in_top = 0;
+  for (const auto& l : it.labels) {
+    const std::string key = " " + l;
+    if (top.contains(key)) {
+      ll.push_back(top[key].get<double>());
+      ++in_top;
+    } else {
+      ll.push_back(-1e30);
+    }
+  }
+  const size_t pred = argmax(ll);
+  const double acc = in_top > 0 && pred == size_t(it.answer) ? 1.0 : 0.0;
+  json lj = json::array();
+  for (double v : ll) lj.push_back(v > -1e29 ? json(v) : json(nullptr));
+  return json{{"task", "mmlu"}, {"id", it.id},   {"gold", it.answer}, {"pred", pred},
+              {"pred_norm", pred}, {"acc", acc}, {"acc_norm", acc},    {"ll", lj},
+              {"letters_in_top", in_top}};
 }
 
 // GSM8K: generation through the engine, or the server.
@@ -389,7 +463,9 @@ Result<json> run_gsm8k(Ctx& c) {
   if (int(ex->size()) > o.gsm8k_shots) ex->resize(size_t(std::max(0, o.gsm8k_shots)));
   std::vector<std::string> ids, strata;
   for (const auto& it : *test) ids.push_back(it.id), strata.push_back(it.stratum);
-  const Subset sub = stratified_subset("gsm8k", ids, strata, size_t(o.limit), o.seed);
+  auto lim = limit_for(o.limit, "gsm8k");
+  if (!lim) return lim.error();
+  const Subset sub = stratified_subset("gsm8k", ids, strata, *lim, o.seed);
   std::vector<size_t> todo;
   for (size_t i : sub.indices)
     if (!c.log->find("gsm8k", (*test)[i].id)) todo.push_back(i);
@@ -594,7 +670,9 @@ Result<json> run_wikitext(Ctx& c) {
   const int64_t S = o.stride;
   const int64_t score = o.score > 0 ? o.score : S;
   if (score >= W) return make_error("eval: --score must be below --window");
-  auto plan = plan_windows(c, W, S, score, size_t(o.limit));
+  auto lim = limit_for(o.limit, "wikitext");
+  if (!lim) return lim.error();
+  auto plan = plan_windows(c, W, S, score, *lim);
   if (!plan) return plan.error();
   const int64_t V = c.model->config().vocab;
   const int64_t K = o.kl_top_k <= 0 ? V : std::min<int64_t>(o.kl_top_k, V);
@@ -728,7 +806,9 @@ Result<json> run_kl(Ctx& c) {
   if (h->window > c.scorer->capacity()) return make_error("eval: the baseline's window exceeds --max-len");
   const int64_t W = h->window, score = h->score, K = h->k;
   size_t windows = size_t(h->windows);
-  if (o.limit > 0) windows = std::min(windows, size_t(o.limit));
+  auto lim = limit_for(o.limit, "kl");
+  if (!lim) return lim.error();
+  if (*lim > 0) windows = std::min(windows, *lim);
   const size_t rb = h->record_bytes();
   size_t resumed = 0;
   std::vector<char> buf(rb);
@@ -855,9 +935,9 @@ int run_eval(const Opts& o) {
   if (o.url.empty() && o.ef.model.empty()) return fail("eval: give -m MODEL or --url URL");
   if (!o.url.empty())
     for (const auto& t : tasks)
-      if (t != "gsm8k")
-        return fail("eval: --url runs generation tasks (gsm8k); " + t +
-                    " needs prompt log-probabilities, run it in-process with -m");
+      if (t != "gsm8k" && t != "mmlu")
+        return fail("eval: --url runs gsm8k and mmlu (the next token's top log-probabilities); " +
+                    t + " needs prompt log-probabilities, run it in-process with -m");
   auto data = DataDir::open(o.data.empty() ? default_data_dir() : o.data);
   if (!data) return fail(data.error().message);
   Ctx c(o, std::move(*data));
@@ -954,9 +1034,9 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--md", o.md, "also write the Markdown table here");
   cmd->add_option("--label", o.label, "a name for this configuration, kept in the JSON");
   cmd->add_option("--limit", o.limit,
-                  "items per task: a seeded subset stratified by subject/source/solution length "
-                  "(windows for wikitext/kl: spread evenly); 0 = all")
-      ->check(CLI::Range(0, 1 << 30));
+                  "items per task, N or task=N,task=N: a seeded subset stratified by MMLU subject, "
+                  "ARC source or GSM8K solution length (wikitext windows: spread evenly; kl: the "
+                  "baseline's first N); 0 = all");
   cmd->add_option("--seed", o.seed, "seed of the subset and of ARC's few-shot exemplars");
   cmd->add_option("--concurrency", o.concurrency, "gsm8k requests in flight (engine or server)")
       ->check(CLI::Range(1, 4096));

@@ -7,6 +7,19 @@
 
 namespace kvant::eval {
 
+TokenizedRequests tokenize_requests(const Tokenizer& tok, const std::vector<LoglikRequest>& reqs) {
+  TokenizedRequests t;
+  t.ctx = tok.encode(reqs[0].context, true, false);
+  for (const auto& r : reqs) {
+    const auto whole = tok.encode(r.context + r.continuation, true, false);
+    const auto ctx = r.context == reqs[0].context ? t.ctx : tok.encode(r.context, true, false);
+    std::vector<int32_t> cont;
+    if (whole.size() > ctx.size()) cont.assign(whole.begin() + long(ctx.size()), whole.end());
+    t.conts.push_back(std::move(cont));
+  }
+  return t;
+}
+
 LoglikScorer::LoglikScorer(Model& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk)
     : model_(m),
       kv_(std::make_unique<SeqKv>(m.config(), capacity, kv)),

@@ -21,9 +21,20 @@
 #include <vector>
 
 #include "core/result.h"
+#include "eval/tasks.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvant::eval {
+
+// Tokenization as the harness does it: whole = enc(context + continuation)
+// (BOS first for models that add it), the context enc(context), each
+// continuation whole[len(enc(context)):].
+struct TokenizedRequests {
+  std::vector<int32_t> ctx;
+  std::vector<std::vector<int32_t>> conts;
+};
+TokenizedRequests tokenize_requests(const Tokenizer& tok, const std::vector<LoglikRequest>& reqs);
 
 struct ChoiceScore {
   double logprob = 0;   // sum over the continuation's tokens
