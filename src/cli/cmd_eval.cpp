@@ -698,22 +698,27 @@ Result<json> run_wikitext(Ctx& c) {
       auto h = read_kl_header(f, o.kl_save);
       if (h && h->j == hj) {
         kl_have = size_t(h->windows);
+        kh.header_bytes = h->header_bytes;
         fresh = false;
-        std::filesystem::resize_file(o.kl_save, h->header_bytes + kl_have * h->record_bytes());
       }
     }
     if (fresh) {
       std::ofstream f(o.kl_save, std::ios::binary | std::ios::trunc);
       f << "KVKL1\n" << hj.dump() << "\n";
       if (!f) return make_error("eval: cannot write " + o.kl_save);
+      kh.header_bytes = 7 + hj.dump().size();
     }
-    kl_out.open(o.kl_save, std::ios::binary | std::ios::app);
   }
   size_t resumed = 0;
   for (size_t w = 0; w < plan->starts.size(); ++w) {
     const bool in_log = c.log->find("wikitext", "w" + std::to_string(plan->starts[w]));
     if (in_log && (o.kl_save.empty() || w < kl_have)) ++resumed;
     else break;
+  }
+  if (!o.kl_save.empty()) {
+    // Keep exactly the windows both files hold; the rest is recomputed.
+    std::filesystem::resize_file(o.kl_save, kh.header_bytes + resumed * kh.record_bytes());
+    kl_out.open(o.kl_save, std::ios::binary | std::ios::app);
   }
   Progress prog("wikitext", plan->starts.size(), resumed, o.quiet);
   std::vector<double> lp;
