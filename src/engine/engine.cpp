@@ -217,6 +217,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   g.kv_heads = c.cache_heads();
   g.head_dim = c.cache_dim();
   g.shared_kv = c.mla();
+  g.index_dim = c.index_topk > 0 ? c.index_head_dim : 0;
   g.dtype = o.kv_dtype;
   g.page_tokens = o.page_tokens;
   g.scale_mode = o.kv_dtype == KvDType::kBf16 ? KvScaleMode::kNone : o.kv_scale_mode;
@@ -276,6 +277,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   f.dynamic_scales = g.scale_mode == KvScaleMode::kDynamic;
   f.k_scale_offset = L.k_scale_offset;
   f.v_scale_offset = L.v_scale_offset;
+  f.index_dim = g.index_dim;
+  f.index_offset = L.index_offset;
   if (g.scale_mode == KvScaleMode::kStatic) {
     f.static_k = po.static_k_scales;
     f.static_v = po.static_v_scales;

@@ -107,9 +107,12 @@ void add_common_notes(const ConfigView& c, KvCacheShape& s) {
     s.notes.push_back(std::to_string(**n) +
                       " multi-token-prediction layer(s) not counted (they are not used for "
                       "plain decoding)");
-  if (auto n = c.positive_int({"index_head_dim"}); n && n.value())
-    s.notes.push_back("the sparse-attention indexer's key cache (index_head_dim " +
-                      std::to_string(**n) + " per token and layer) is not counted");
+  if (auto n = c.positive_int({"index_head_dim"}); n && n.value() && s.mla) {
+    // kvant keeps the indexer's keys in the page, BF16, beside the latent.
+    s.index_dim = **n;
+    s.notes.push_back("the sparse-attention indexer's keys (index_head_dim " + std::to_string(**n) +
+                      " BF16 values per token and layer) are counted, in every layer");
+  }
   if (const json* lt = c.find("layer_types"); lt && lt->is_array())
     s.notes.push_back(
         "config lists layer_types; every layer is counted as full attention "
@@ -320,6 +323,7 @@ Result<KvPlan> make_kv_plan(const KvCacheShape& shape, const KvPlanOptions& o) {
     g.page_tokens = o.page_tokens;
     g.scale_mode = d == KvDType::kBf16 ? KvScaleMode::kNone : o.fp8_scales;
     g.shared_kv = shape.mla;
+    g.index_dim = shape.index_dim;
     return g;
   };
   // The BF16 pool is the yardstick for every ratio, requested or not.
@@ -410,6 +414,13 @@ std::string kv_plan_to_text(const KvPlan& p) {
                   "%lld values) per token, one row shared as K and V\n",
                   (long long)s.layers, (long long)s.kv_lora_rank, (long long)s.qk_rope_head_dim,
                   (long long)s.head_dim);
+    if (s.index_dim > 0) {
+      out += buf;
+      std::snprintf(buf, sizeof buf,
+                    "       plus the sparse-attention indexer's key, %lld BF16 values per token and "
+                    "layer\n",
+                    (long long)s.index_dim);
+    }
   } else {
     std::snprintf(buf, sizeof buf,
                   "cache: K and V, %lld layers x %lld KV heads x head_dim %lld per token\n",

@@ -29,6 +29,7 @@ struct KvCacheShape {
   bool mla = false;                // one latent row per token and layer, shared as K and V
   int64_t kv_lora_rank = 0;        // MLA only
   int64_t qk_rope_head_dim = 0;    // MLA only
+  int64_t index_dim = 0;           // DSA: the indexer's key per token and layer (BF16), or 0
   std::vector<std::string> notes;  // what the estimate leaves out, for the reader
 };
 

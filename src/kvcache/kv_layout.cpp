@@ -91,13 +91,18 @@ Result<KvLayout> make_kv_layout(const KvGeometry& g) {
   l.k_scale_offset = streams * l.data_block_bytes;
   l.v_scale_offset = g.shared_kv ? l.k_scale_offset : l.k_scale_offset + l.scale_block_bytes;
   l.layer_bytes = streams * (l.data_block_bytes + l.scale_block_bytes);
+  if (g.index_dim < 0 || g.index_dim > kMaxDim)
+    return make_error("kv geometry: index_dim must be in [0, 2^20]");
+  l.index_block_bytes = g.index_dim > 0 ? round_up(g.page_tokens * g.index_dim * 2, kKvBlockAlign) : 0;
+  l.index_offset = l.layer_bytes;
+  l.layer_bytes += l.index_block_bytes;
   l.page_bytes = g.layers * l.layer_bytes;
   if (l.page_bytes > kMaxPageBytes)
     return make_error("kv geometry: one page would take " + std::to_string(l.page_bytes) +
                       " bytes (limit 2^34); use fewer page_tokens");
   const int64_t scale_bytes_per_token = dynamic ? g.kv_heads * kKvScaleBytes : 0;
   l.payload_bytes_per_token =
-      g.layers * streams * (l.row_elems * l.elem_bytes + scale_bytes_per_token);
+      g.layers * (streams * (l.row_elems * l.elem_bytes + scale_bytes_per_token) + 2 * g.index_dim);
   return l;
 }
 

@@ -38,6 +38,9 @@ struct KvGeometry {
   // MLA: K and V are the same cached row. Only the K block (and K scales) is
   // stored; V accessors return the K block, so one scale serves both.
   bool shared_kv = false;
+  // Sparse attention (GLM-5 DSA): the indexer's key per token and layer,
+  // index_dim BF16 values in a block of its own (0: none).
+  int64_t index_dim = 0;
 };
 
 // Every block starts on this boundary inside a page, and pages follow each
@@ -63,6 +66,8 @@ struct KvLayout {
   int64_t v_offset = 0;
   int64_t k_scale_offset = 0;  // meaningful in dynamic mode only
   int64_t v_scale_offset = 0;
+  int64_t index_offset = 0;       // DSA indexer keys [page_tokens, index_dim] BF16, when index_dim > 0
+  int64_t index_block_bytes = 0;
   int64_t layer_bytes = 0;  // one layer's blocks, a multiple of 64
   int64_t page_bytes = 0;   // layers * layer_bytes
   // Bytes a token needs without padding: layers * (K + V rows + scales).

@@ -287,6 +287,27 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
         c.index_topk = opt_int("index_topk");
         c.index_heads = opt_int("index_n_heads");
         c.index_head_dim = opt_int("index_head_dim");
+        if (c.index_topk > 0) {
+          if (c.index_heads <= 0 || c.index_head_dim < c.qk_rope_dim || c.index_head_dim > 1024 ||
+              c.q_lora_rank <= 0)
+            return make_error(path + ": sparse attention needs index_n_heads, qk_rope_head_dim <= "
+                                     "index_head_dim <= 1024 and q_lora_rank");
+          // Which layers run their own indexer: indexer_types, else every
+          // freq-th layer from the offset (transformers' rule).
+          c.index_full.assign(size_t(c.layers), 1);
+          if (j.contains("indexer_types") && j["indexer_types"].is_array() &&
+              int64_t(j["indexer_types"].size()) == c.layers) {
+            for (int64_t i = 0; i < c.layers; ++i)
+              c.index_full[size_t(i)] = j["indexer_types"][size_t(i)] != "shared";
+          } else {
+            const int64_t freq = std::max<int64_t>(1, j.value("index_topk_freq", int64_t(1)));
+            const int64_t off = j.value("index_skip_topk_offset", int64_t(2));
+            for (int64_t i = 0; i < c.layers; ++i)
+              c.index_full[size_t(i)] = std::max<int64_t>(i - off + 1, 0) % freq == 0;
+          }
+          if (!c.index_full[0])
+            return make_error(path + ": the first layer must run its own sparse-attention indexer");
+        }
       }
       c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
       c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));

@@ -89,9 +89,18 @@ struct ModelConfig {
   // context every token is kept, so the attention is exactly dense.
   int64_t index_topk = 0;  // 0: dense
   int64_t index_heads = 0, index_head_dim = 0;
+  std::vector<uint8_t> index_full;  // per layer: 1 = runs its indexer, 0 = reuses the last one's choice
   // The KV cache row geometry: MLA caches one latent "head".
   int64_t cache_heads() const { return mla() ? 1 : kv_heads; }
   int64_t cache_dim() const { return mla() ? kv_lora_rank + qk_rope_dim : head_dim; }
+  // MLA: the width of the fused first product, [q_a or q ; kv_a ; (DSA)
+  // indexer wk ; indexer weights_proj].
+  // Layer -1: the widest.
+  int64_t mla_first_width(int64_t layer = -1) const {
+    const bool idx = index_topk > 0 && (layer < 0 || index_full[size_t(layer)]);
+    return (q_lora_rank > 0 ? q_lora_rank : heads * head_dim) + cache_dim() +
+           (idx ? index_head_dim + index_heads : 0);
+  }
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

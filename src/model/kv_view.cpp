@@ -37,6 +37,11 @@ SeqKv::SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o) {
       fmt_.static_v = o.static_v;
     }
   }
+  if (c.index_topk > 0) {
+    fmt_.index_dim = c.index_head_dim;
+    fmt_.index_offset = fmt_.layer_bytes;
+    fmt_.layer_bytes += round_up(fmt_.page_tokens * c.index_head_dim * 2, 64);
+  }
   const int64_t n_pages = (capacity + fmt_.page_tokens - 1) / fmt_.page_tokens;
   const int64_t page_bytes = c.layers * fmt_.layer_bytes;
   arena_ = AlignedBuffer<uint8_t>(size_t(n_pages * page_bytes));

@@ -34,6 +34,9 @@ struct KvFormat {
   bool dynamic_scales = false;  // FP8 per-(token, head) scales in the page
   int64_t k_scale_offset = 0;
   int64_t v_scale_offset = 0;
+  // DSA indexer keys: [page_tokens, index_dim] BF16 at index_offset (0: none).
+  int64_t index_dim = 0;
+  int64_t index_offset = 0;
   // Static FP8 scales, [layers * kv_heads] (empty for BF16 and dynamic).
   std::vector<float> static_k, static_v;
 

@@ -232,7 +232,23 @@ class Loader {
     else
       first.push_back({p + "q_proj.weight", H * qk});
     first.push_back({p + "kv_a_proj_with_mqa.weight", R + c.qk_rope_dim});
+    const bool indexer = c.index_topk > 0 && c.index_full[size_t(i)];
+    if (indexer) {
+      first.push_back({p + "indexer.wk.weight", c.index_head_dim});
+      first.push_back({p + "indexer.weights_proj.weight", c.index_heads});
+    }
     KV_TRY(product(first, c.hidden, L.wqkv, L.wqkv_q4, int4_));
+    if (indexer) {
+      auto r = matrix({{p + "indexer.wq_b.weight", c.index_heads * c.index_head_dim}}, c.q_lora_rank);
+      if (!r) return r.error();
+      L.idx_wq_b = std::move(*r);
+      auto kw = f32(p + "indexer.k_norm.weight", {c.index_head_dim});
+      if (!kw) return kw.error();
+      auto kb = f32(p + "indexer.k_norm.bias", {c.index_head_dim});
+      if (!kb) return kb.error();
+      L.idx_k_norm = std::move(*kw);
+      L.idx_k_bias = std::move(*kb);
+    }
     if (c.q_lora_rank > 0) {
       auto n = f32(p + "q_a_layernorm.weight", {c.q_lora_rank});
       if (!n) return n.error();

@@ -76,6 +76,12 @@ struct Model::Workspace {
   AlignedBuffer<float> mq, lat, mdq, mql, mol, mdv, mexp_in, mexp;
   AlignedBuffer<uint16_t> ek, ev, mxb;
   std::vector<int64_t> dec_tok;
+  // DSA: indexer queries [T, index_heads*index_head_dim], each token's chosen
+  // positions [T, index_topk] (ascending) and whether it has a choice (more
+  // than index_topk tokens of context), per-thread scores, order and masks.
+  std::vector<float> iq, iscore;
+  std::vector<int32_t> sel, iorder;
+  std::vector<uint8_t> sparse, keep;
 };
 
 namespace {
@@ -240,7 +246,7 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t max_pages, int64_t 
   auto& ws = *ws_;
   if (T > ws.tokens) {
     const auto& c = cfg_;
-    const int64_t mla_first = c.mla() ? (c.q_lora_rank > 0 ? c.q_lora_rank : c.q_dim()) + c.cache_dim() : 0;
+    const int64_t mla_first = c.mla() ? c.mla_first_width() : 0;
     const int64_t qkv = std::max(c.q_dim() + 2 * c.kv_dim(), mla_first);
     const int64_t widest = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn, c.moe_shared_ffn,
                                      c.heads * c.v_head_dim, c.q_lora_rank, c.kv_lora_rank});
@@ -348,10 +354,8 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
                         " of " + std::to_string(c.cache_dim()));
     if (c.mla() && f.v_offset != f.k_offset)
       return make_error("forward: latent-attention KV pages must share K and V (one row per token)");
-    if (c.index_topk > 0 && s.pos0 + s.n_tokens > c.index_topk)
-      return make_error("forward: sparse attention (DSA) over more than index_topk = " +
-                        std::to_string(c.index_topk) +
-                        " tokens is not implemented; up to that length it is dense attention");
+    if (c.index_topk > 0 && f.index_dim != c.index_head_dim)
+      return make_error("forward: the KV pages carry no sparse-attention indexer keys");
     if (f.elem != kernels::KvElem::kBf16 && !f.dynamic_scales &&
         (int64_t(f.static_k.size()) != c.layers * c.cache_heads() ||
          int64_t(f.static_v.size()) != c.layers * c.cache_heads()))
@@ -556,8 +560,7 @@ void Model::layer_forward(int64_t l, const Batch& b, int64_t T) {
   for (int64_t t = 0; t < T; ++t)
     ops::rmsnorm(ws.x.data() + t * H, layer_of(t).attn_norm.data(), c.rms_eps, ws.h.data() + t * H, H);
   if (c.mla()) {
-    const int64_t first = (c.q_lora_rank > 0 ? c.q_lora_rank : c.q_dim()) + c.cache_dim();
-    linear(l, 0, ws.h.data(), H, ws.qkv.data(), first);
+    linear(l, 0, ws.h.data(), H, ws.qkv.data(), c.mla_first_width(l));
     mla_attention(l, b, T);
     linear(l, 1, ws.attn.data(), c.heads * c.v_head_dim, ws.out.data(), H);
   } else {
@@ -892,7 +895,7 @@ void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
   const int64_t H = c.heads, qk = c.head_dim, nope = c.qk_nope_dim, dr = c.qk_rope_dim,
                 R = c.kv_lora_rank, D = R + dr, dv = c.v_head_dim, hh = c.head_dim / 2;
   const int64_t qa = c.q_lora_rank > 0 ? c.q_lora_rank : H * qk;
-  const int64_t ldx = qa + D;
+  const int64_t ldx = c.mla_first_width(l);
   const LayerWeights& L0 = sets_[0].layers[size_t(l)];  // norms: the same in every set
   constexpr float kLatentEps = 1e-6f;  // q_a / kv_a norms use the RMSNorm default, not rms_norm_eps
   const bool il = c.rope_interleave;
@@ -951,6 +954,18 @@ void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
     }
   });
 
+  const int nt = num_threads();
+  const int64_t K_idx = c.index_topk;
+  if (K_idx > 0) {
+    const int64_t ctx = ws.ctx;
+    if (ws.keep.size() < size_t(nt * ctx)) {
+      ws.keep.resize(size_t(nt * ctx));
+      ws.iscore.resize(size_t(nt * ctx));
+      ws.iorder.resize(size_t(nt * ctx));
+    }
+    if (c.index_full[size_t(l)]) mla_index(l, b, T, ldx);
+  }
+
   std::vector<int64_t>& chunk_t0 = chunk_t0_;
   chunk_t0.assign(b.seqs.size(), 0);
   ws.dec_tok.clear();
@@ -966,7 +981,6 @@ void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
       t += b.seqs[si].n_tokens;
     }
   }
-  const int nt = num_threads();
 
   // Decode: absorbed queries, paged attention over the latent rows, W_uv.
   if (!ws.dec_tok.empty()) {
@@ -996,16 +1010,33 @@ void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
       const int64_t n = s.pos0 + 1;
       const uint8_t** kp = ws.ptrs.data() + int64_t(tid) * 4 * ws.max_pages;
       const uint16_t** ksp = reinterpret_cast<const uint16_t**>(kp + ws.max_pages);
-      const int64_t np = (n + f.page_tokens - 1) / f.page_tokens;
-      for (int64_t p = 0; p < np; ++p) {
-        const uint8_t* page = s.kv->pages[p] + l * f.layer_bytes;
-        kp[p] = page + f.k_offset;
-        if (f.dynamic_scales) ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset);
-      }
+      const int64_t t_tok = chunk_t0[size_t(ws.dec_tok[size_t(d)])];
+      const bool sparse = K_idx > 0 && ws.sparse[size_t(t_tok)];
       kernels::PagedKv kv;
+      if (sparse) {
+        // Only the indexer's choice: one pointer per chosen token.
+        const int32_t* sel = ws.sel.data() + t_tok * K_idx;
+        for (int64_t p = 0; p < K_idx; ++p) {
+          const int64_t j = sel[p];
+          const uint8_t* page = s.kv->pages[j / f.page_tokens] + l * f.layer_bytes;
+          const int64_t slot = j % f.page_tokens;
+          kp[p] = page + f.k_offset + slot * f.row_bytes();
+          if (f.dynamic_scales)
+            ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot;
+        }
+        kv.page_tokens = 1;
+        kv.n_tokens = K_idx;
+      } else {
+        const int64_t np = (n + f.page_tokens - 1) / f.page_tokens;
+        for (int64_t p = 0; p < np; ++p) {
+          const uint8_t* page = s.kv->pages[p] + l * f.layer_bytes;
+          kp[p] = page + f.k_offset;
+          if (f.dynamic_scales) ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset);
+        }
+        kv.page_tokens = f.page_tokens;
+        kv.n_tokens = n;
+      }
       kv.elem = f.elem;
-      kv.n_tokens = n;
-      kv.page_tokens = f.page_tokens;
       kv.token_stride = f.row_bytes();
       kv.scale_stride = 1;
       kv.k_pages = kp;
@@ -1122,18 +1153,112 @@ void Model::mla_attention(int64_t l, const Batch& b, int64_t T) {
     }
     const float* q0 = q + task.a * ldq + h * qk;
     float* o0 = ws.attn.data() + task.a * ldv + h * dv;
+    // DSA: scores of the tokens the indexer did not choose are masked out.
+    auto mask = [&](int64_t i, float* row) {
+      if (K_idx <= 0 || !ws.sparse[size_t(task.a + i)]) return;
+      uint8_t* keep = ws.keep.data() + int64_t(tid) * ws.ctx;
+      std::fill(keep, keep + ns[i], uint8_t(0));
+      const int32_t* sel = ws.sel.data() + (task.a + i) * K_idx;
+      for (int64_t p = 0; p < K_idx; ++p) keep[sel[p]] = 1;
+      for (int64_t j = 0; j < ns[i]; ++j)
+        if (!keep[j]) row[j] = -INFINITY;
+    };
     if (task.n > 1 && K.attn_scores_multi && K.attn_weighted_sum_multi) {
       const int64_t n_max = ns[task.n - 1];
       K.attn_scores_multi(q0, ldq, task.n, kbase, ldk, n_max, qk, c.attn_scale, sc, n_max);
-      for (int64_t i = 0; i < task.n; ++i) K.softmax(sc + i * n_max, ns[i]);
+      for (int64_t i = 0; i < task.n; ++i) {
+        mask(i, sc + i * n_max);
+        K.softmax(sc + i * n_max, ns[i]);
+      }
       K.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase, ldv, dv, o0, ldv);
       continue;
     }
     for (int64_t i = 0; i < task.n; ++i) {
       K.attn_scores(q0 + i * ldq, kbase, ldk, ns[i], qk, c.attn_scale, sc);
+      mask(i, sc);
       K.softmax(sc, ns[i]);
       K.attn_weighted_sum(sc, vbase, ldv, ns[i], dv, o0 + i * ldv);
     }
+  }
+}
+
+// GLM-5's sparse-attention indexer for layer l: each token's index key
+// (LayerNorm, RoPE on its first qk_rope values, interleaved) into its page
+// as BF16; each token's queries (from the normed q_a) and head weights score
+// every cached key, sum_h w_h * relu(q_h . k * index_head_dim^-0.5), and
+// the index_topk best (ties to the earlier token) are kept in ascending
+// order. Tokens with no more than index_topk of context keep everything.
+// Layers that share the choice reuse what this layer left in the workspace.
+void Model::mla_index(int64_t l, const Batch& b, int64_t T, int64_t ldx) {
+  const auto& c = cfg_;
+  const auto& K = kernels::active();
+  auto& ws = *ws_;
+  static const Q4Matrix kNoQ4;
+  const int64_t ih = c.index_heads, ihd = c.index_head_dim, dr = c.qk_rope_dim, Kt = c.index_topk;
+  const int64_t qa = c.q_lora_rank, ko = qa + c.cache_dim(), hh = c.head_dim / 2;
+  const LayerWeights& L0 = sets_[0].layers[size_t(l)];
+  parallel_for(T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* k = ws.qkv.data() + t * ldx + ko;
+      double mean = 0, var = 0;
+      for (int64_t d = 0; d < ihd; ++d) mean += k[d];
+      mean /= double(ihd);
+      for (int64_t d = 0; d < ihd; ++d) var += (k[d] - mean) * (k[d] - mean);
+      const float inv = float(1.0 / std::sqrt(var / double(ihd) + 1e-6));
+      for (int64_t d = 0; d < ihd; ++d)
+        k[d] = (k[d] - float(mean)) * inv * L0.idx_k_norm[size_t(d)] + L0.idx_k_bias[size_t(d)];
+      rope_rows(k, ws.cos_g.data() + t * hh, ws.sin_g.data() + t * hh, dr, true);
+      const TokenRef& it = ws.items[size_t(t)];
+      const KvFormat& f = *it.s->kv->format;
+      const int64_t pos = it.s->pos0 + it.i;
+      uint8_t* page = it.s->kv->pages[pos / f.page_tokens] + l * f.layer_bytes;
+      K.f32_to_bf16(k, reinterpret_cast<uint16_t*>(page + f.index_offset) + (pos % f.page_tokens) * ihd,
+                    ihd);
+    }
+  });
+  ws.iq.resize(size_t(T * ih * ihd));
+  for (const auto& sg : segs_) {
+    const LayerWeights& L = sets_[size_t(sg.set)].layers[size_t(l)];
+    ops::linear(ws.qkv.data() + sg.t0 * ldx, ldx, L.idx_wq_b, kNoQ4, ws.iq.data() + sg.t0 * ih * ihd,
+                ih * ihd, sg.t1 - sg.t0, ws.xb.data(), ws.q8);
+  }
+  ws.sel.resize(size_t(T * Kt));
+  ws.sparse.assign(size_t(T), 0);
+  const int nt = num_threads();
+  const float qscale = 1.f / std::sqrt(float(ihd)), wscale = 1.f / std::sqrt(float(ih));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (T > 1 && nt > 1)
+  for (int64_t t = 0; t < T; ++t) {
+    const int tid = omp_get_thread_num();
+    float* q = ws.iq.data() + t * ih * ihd;
+    for (int64_t h = 0; h < ih; ++h)
+      rope_rows(q + h * ihd, ws.cos_g.data() + t * hh, ws.sin_g.data() + t * hh, dr, true);
+    const TokenRef& it = ws.items[size_t(t)];
+    const KvFormat& f = *it.s->kv->format;
+    const int64_t n = it.s->pos0 + it.i + 1;
+    if (n <= Kt) continue;
+    ws.sparse[size_t(t)] = 1;
+    const float* w = ws.qkv.data() + t * ldx + ko + ihd;
+    float* s = ws.iscore.data() + int64_t(tid) * ws.ctx;
+    float kf[1024];
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* page = it.s->kv->pages[j / f.page_tokens] + l * f.layer_bytes;
+      const uint16_t* kr = reinterpret_cast<const uint16_t*>(page + f.index_offset) + (j % f.page_tokens) * ihd;
+      for (int64_t d = 0; d < ihd; ++d) kf[d] = bf16_to_f32(kr[d]);
+      float acc = 0.f;
+      for (int64_t h = 0; h < ih; ++h) {
+        float dot = 0.f;
+        for (int64_t d = 0; d < ihd; ++d) dot = std::fma(q[h * ihd + d], kf[d], dot);
+        acc += w[h] * wscale * std::max(0.f, dot * qscale);
+      }
+      s[j] = acc;
+    }
+    int32_t* order = ws.iorder.data() + int64_t(tid) * ws.ctx;
+    for (int64_t j = 0; j < n; ++j) order[j] = int32_t(j);
+    std::nth_element(order, order + Kt, order + n, [&](int32_t a, int32_t b2) {
+      return s[a] > s[b2] || (s[a] == s[b2] && a < b2);
+    });
+    std::sort(order, order + Kt);
+    std::copy(order, order + Kt, ws.sel.data() + t * Kt);
   }
 }
 

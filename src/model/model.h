@@ -86,6 +86,7 @@ class Model {
   void moe_forward(int64_t layer);
   void attention(int64_t layer, const Batch& b, int64_t T);
   void mla_attention(int64_t layer, const Batch& b, int64_t T);
+  void mla_index(int64_t layer, const Batch& b, int64_t T, int64_t ldx);
   void rope_tables(const Batch& b, int64_t T);
 
   // Rows [t0, t1) of the batch that use weight set `set`.

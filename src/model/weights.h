@@ -72,6 +72,11 @@ struct LayerWeights {
   // transposed [kv_lora_rank, qk_nope] (query -> latent space) and v's W_uv
   // [v_head_dim, kv_lora_rank] (latent output -> head output).
   std::vector<Matrix> w_uk_t, w_uv;
+  // GLM-5 sparse-attention indexer (layers that run their own): its key and
+  // head-weight products ride in wqkv after kv_a; the query product reads the
+  // normed q_a; LayerNorm on the key.
+  Matrix idx_wq_b;                          // [index_heads*index_head_dim, q_lora_rank]
+  std::vector<float> idx_k_norm, idx_k_bias;  // [index_head_dim]
 };
 
 struct ModelWeights {

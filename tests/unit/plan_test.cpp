@@ -126,6 +126,9 @@ TEST(PlanConfig, MlaInsideTextConfigAndGlmDsa) {
   EXPECT_EQ(g.head_dim, 576);
   ASSERT_EQ(g.notes.size(), 1u);
   EXPECT_NE(g.notes[0].find("indexer"), std::string::npos);
+  EXPECT_EQ(g.index_dim, 128);
+  // The indexer's keys ride in the page: 78 x (576 + 128) x 2 bytes.
+  EXPECT_EQ(plan_of(g, 2 * kGiB).rows[0].bytes_per_token, 78.0 * (576 + 128) * 2);
 
   // A dense text_config wins over stale top-level sizes.
   json wrapped = {{"num_hidden_layers", 2}, {"text_config", smollm2_config()}};
