@@ -130,6 +130,61 @@ TEST(Engine, MatchesTheModelsSingleSequencePath) {
   }
 }
 
+TEST(Engine, LatentAttentionAndSparseIndexerThroughThePagePool) {
+  // MLA pages (one shared K/V latent row, FP8 with one scale per row) and
+  // GLM-5's indexer keys (a block of their own) in the engine's pool: the
+  // same greedy tokens as the model's own single-sequence loop, with
+  // integrity checks on and prefill split into chunks.
+  for (const char* arch : {"deepseek_v3", "glm_moe_dsa_sparse"}) {
+    for (bool fp8 : {false, true}) {
+      auto m = Model::load(tiny(arch));
+      ASSERT_TRUE(m.ok()) << m.error().message;
+      Model& model = **m;
+      const auto prompt = random_prompts(1, 40, 40, 320, 9)[0];
+      const int gen = 20;
+      SeqKvOptions kvo;
+      if (fp8) {
+        kvo.elem = kernels::KvElem::kFp8E4m3;
+        kvo.dynamic_scales = true;
+      }
+      SeqKv kv(model.config(), 128, kvo);
+      std::vector<float> logits(320);
+      Batch b;
+      // The prompt in the engine's 16-token chunks (with FP8 pages a later
+      // chunk reads the earlier ones back from FP8).
+      for (int64_t p0 = 0; p0 + 16 < int64_t(prompt.size()); p0 += 16) {
+        b.tokens.assign(prompt.begin() + p0, prompt.begin() + p0 + 16);
+        b.seqs = {{&kv, p0, 16, false}};
+        ASSERT_TRUE(model.forward(b, logits).ok());
+      }
+      const int64_t last = (int64_t(prompt.size()) - 1) / 16 * 16;
+      b.tokens.assign(prompt.begin() + last, prompt.end());
+      b.seqs = {{&kv, last, int64_t(prompt.size()) - last, false}};
+      std::vector<int32_t> want;
+      for (int i = 0; i < gen; ++i) {
+        ASSERT_TRUE(model.forward(b, logits).ok());
+        const int32_t t = Sampler::argmax(logits);
+        want.push_back(t);
+        b.tokens = {t};
+        b.seqs[0] = {&kv, int64_t(prompt.size()) + i, 1, false};
+      }
+      EngineOptions o = tiny_options(arch);
+      o.max_step_tokens = 16;
+      if (fp8) {
+        o.kv_dtype = KvDType::kFp8E4m3;
+        o.kv_scale_mode = KvScaleMode::kDynamic;
+      }
+      auto e = Engine::create(o);
+      ASSERT_TRUE(e.ok()) << e.error().message;
+      Outcome out;
+      ASSERT_TRUE((*e)->submit(greedy_request(prompt, gen, &out)).ok());
+      ASSERT_TRUE((*e)->run_until_idle().ok());
+      EXPECT_EQ(out.tokens, want) << arch << (fp8 ? " fp8" : " bf16");
+      EXPECT_EQ(out.finish, FinishReason::Length);
+    }
+  }
+}
+
 TEST(Engine, BatchInvariantAcrossMixesChunksAndPreemption) {
   // BF16 KV: every request's greedy tokens are bitwise those it gets alone,
   // whatever runs beside it, however its prompt is chunked, and through
