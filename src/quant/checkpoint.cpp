@@ -323,7 +323,8 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     KV_TRY(write_gguf_tokenizer(*g, o.out, sum.files));
   } else {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json", "chat_template.jinja", "tokenizer.model"}) {
+                          "generation_config.json", "chat_template.jinja", "tokenizer.model",
+                          "tokenizer.gguf"}) {
       if (!fs::exists(in_dir / f)) continue;
       fs::copy_file(in_dir / f, fs::path(o.out) / f, fs::copy_options::overwrite_existing, ec);
       if (ec) return make_error((in_dir / f).string() + ": cannot copy: " + ec.message());
