@@ -172,6 +172,37 @@ RopeConfig rope_from_json(const nlohmann::json& p, float default_theta) {
   return r;
 }
 
+// DeepSeek-style routing (DeepSeek-V3, Kimi K2, GLM-4.5, GLM-5): sigmoid
+// scores with a correction bias, expert groups, routed scaling, shared
+// experts; the first k layers dense (then every moe_layer_freq-th sparse),
+// unless mlp_layer_types lists each layer.
+Result<void> deepseek_routing(const nlohmann::json& j, const std::string& path,
+                              int64_t default_dense, ModelConfig& c) {
+  c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
+  c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
+  c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
+  c.moe_norm_topk = j.value("norm_topk_prob", true);
+  const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+  if (scoring != "sigmoid") return make_error(path + ": unsupported scoring_func '" + scoring + "'");
+  c.moe_sigmoid = true;
+  c.moe_n_group = j.value("n_group", int64_t(1));
+  c.moe_topk_group = j.value("topk_group", int64_t(1));
+  c.moe_scaling = j.value("routed_scaling_factor", 1.f);
+  c.moe_shared_ffn = c.moe_ffn * j.value("n_shared_experts", int64_t(0));
+  if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0 ||
+      c.moe_n_group <= 0 || c.n_experts % c.moe_n_group != 0 || c.moe_topk_group > c.moe_n_group)
+    return make_error(path + ": inconsistent MoE routing settings");
+  const int64_t dense = j.value("first_k_dense_replace", default_dense);
+  const int64_t freq = std::max<int64_t>(1, j.value("moe_layer_freq", int64_t(1)));
+  c.moe_layer.assign(size_t(c.layers), 0);
+  for (int64_t i = dense; i < c.layers; ++i) c.moe_layer[size_t(i)] = i % freq == 0;
+  if (j.contains("mlp_layer_types") && j["mlp_layer_types"].is_array() &&
+      int64_t(j["mlp_layer_types"].size()) == c.layers)
+    for (int64_t i = 0; i < c.layers; ++i)
+      c.moe_layer[size_t(i)] = j["mlp_layer_types"][size_t(i)] == "sparse";
+  return {};
+}
+
 }  // namespace
 
 Result<ModelConfig> config_from_hf_json(const std::string& path) {
@@ -309,28 +340,7 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
             return make_error(path + ": the first layer must run its own sparse-attention indexer");
         }
       }
-      c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
-      c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
-      c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
-      c.moe_norm_topk = j.value("norm_topk_prob", true);
-      const std::string scoring = j.value("scoring_func", std::string("sigmoid"));
-      if (scoring != "sigmoid") return make_error(path + ": unsupported scoring_func '" + scoring + "'");
-      c.moe_sigmoid = true;
-      c.moe_n_group = j.value("n_group", int64_t(1));
-      c.moe_topk_group = j.value("topk_group", int64_t(1));
-      c.moe_scaling = j.value("routed_scaling_factor", 1.f);
-      c.moe_shared_ffn = c.moe_ffn * j.value("n_shared_experts", int64_t(0));
-      if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0 ||
-          c.moe_n_group <= 0 || c.n_experts % c.moe_n_group != 0 || c.moe_topk_group > c.moe_n_group)
-        return make_error(path + ": inconsistent MoE routing settings");
-      const int64_t dense = j.value("first_k_dense_replace", int64_t(0));
-      const int64_t freq = std::max<int64_t>(1, j.value("moe_layer_freq", int64_t(1)));
-      c.moe_layer.assign(size_t(c.layers), 0);
-      for (int64_t i = dense; i < c.layers; ++i) c.moe_layer[size_t(i)] = i % freq == 0;
-      if (j.contains("mlp_layer_types") && j["mlp_layer_types"].is_array() &&
-          int64_t(j["mlp_layer_types"].size()) == c.layers)
-        for (int64_t i = 0; i < c.layers; ++i)
-          c.moe_layer[size_t(i)] = j["mlp_layer_types"][size_t(i)] == "sparse";
+      KV_TRY(deepseek_routing(j, path, /*default_dense=*/0, c));
     }
     if (c.arch == Arch::Glm4Moe) {
       // GQA with optional bias and QK-norm, RoPE on part of each head, and
@@ -340,22 +350,9 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
       c.qk_norm = j.value("use_qk_norm", false);
       const float partial = rp.value("partial_rotary_factor", j.value("partial_rotary_factor", 0.5f));
       c.rotary_dim = int64_t(float(c.head_dim) * partial);
-      c.n_experts = j.value("n_routed_experts", j.value("num_local_experts", int64_t(0)));
-      c.moe_top_k = j.value("num_experts_per_tok", int64_t(0));
-      c.moe_ffn = j.value("moe_intermediate_size", int64_t(0));
-      c.moe_norm_topk = j.value("norm_topk_prob", true);
-      c.moe_sigmoid = true;
-      c.moe_n_group = j.value("n_group", int64_t(1));
-      c.moe_topk_group = j.value("topk_group", int64_t(1));
-      c.moe_scaling = j.value("routed_scaling_factor", 1.f);
-      c.moe_shared_ffn = c.moe_ffn * j.value("n_shared_experts", int64_t(0));
-      if (c.n_experts <= 0 || c.moe_top_k <= 0 || c.moe_top_k > c.n_experts || c.moe_ffn <= 0 ||
-          c.moe_n_group <= 0 || c.n_experts % c.moe_n_group != 0 || c.moe_topk_group > c.moe_n_group ||
-          c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
-        return make_error(path + ": inconsistent GLM-4.5 MoE or RoPE settings");
-      const int64_t dense = j.value("first_k_dense_replace", int64_t(1));
-      c.moe_layer.assign(size_t(c.layers), 0);
-      for (int64_t i = dense; i < c.layers; ++i) c.moe_layer[size_t(i)] = 1;
+      if (c.rotary_dim <= 0 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
+        return make_error(path + ": inconsistent GLM-4.5 RoPE settings");
+      KV_TRY(deepseek_routing(j, path, /*default_dense=*/1, c));
     }
     if (archs == "Qwen3MoeForCausalLM") {
       // Softmax top-k routing; layer i is sparse unless listed in
