@@ -6,7 +6,8 @@
 //   wikitext       WikiText-2 perplexity over windows (--window, --stride, --score);
 //                  --kl-save FILE also saves the reference's top-K log-probabilities
 //   kl             KL divergence against such a baseline (--kl-baseline FILE)
-// In-process (-m MODEL) or against a server (--url; generation tasks only).
+// In-process (-m MODEL) or against a server (--url): generation through
+// /v1/completions, log-likelihoods from its prompt log-probabilities (echo).
 // Results: JSON (--out) with per-item values, a Markdown table (--md and
 // stdout); an interrupted run resumes from <out>.partial.jsonl.
 // `kvant eval compare A.json B.json`: the differences and their intervals.
@@ -24,6 +25,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -208,9 +211,166 @@ json metric(const Estimate& e, const std::string& unit, const std::string& item_
   return m;
 }
 
+// ---- scoring over a server ------------------------------------------------
+// Log-likelihoods come from /v1/completions with echo, max_tokens 0 and
+// logprobs (the legacy API's way of scoring a prompt), the prompt sent as
+// token ids that /tokenize made, so the tokens are exactly the in-process
+// run's. Two extensions keep it exact and cheap: return_tokens_as_token_ids
+// (vLLM's; ids instead of text, which can collide) and prompt_logprobs_from
+// (kvant's; a server without it returns every position, which works too).
+
+// Runs fn(0..n-1) on `threads` threads; the first error wins.
+Result<void> parallel_for(size_t n, int threads, const std::function<Result<void>(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Result<void> err;
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> th;
+  for (int w = 0; w < std::max(1, std::min<int>(threads, int(std::max<size_t>(n, 1)))); ++w)
+    th.emplace_back([&] {
+      for (size_t k; !failed && (k = next.fetch_add(1)) < n;) {
+        auto r = fn(k);
+        if (!r) {
+          std::lock_guard<std::mutex> lk(mu);
+          if (err.ok()) err = r;
+          failed = true;
+        }
+      }
+    });
+  for (auto& t : th) t.join();
+  return err;
+}
+
+Result<std::vector<int32_t>> server_tokenize(const Ctx& c, const std::string& text,
+                                             bool add_special) {
+  json body = {{"model", c.served_model},
+               {"prompt", text},
+               {"add_special_tokens", add_special},
+               {"parse_special", false}};
+  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/tokenize", &body);
+  if (!r)
+    return make_error(r.error().message +
+                      " (scoring over --url needs the server's /tokenize, which kvant serve and "
+                      "vLLM have)");
+  try {
+    return r->at("tokens").get<std::vector<int32_t>>();
+  } catch (const std::exception& e) {
+    return make_error(std::string("server: /tokenize gave no token list: ") + e.what());
+  }
+}
+
+Result<int32_t> token_id_of(const std::string& s) {
+  constexpr std::string_view kPre = "token_id:";
+  if (s.rfind(kPre, 0) != 0)
+    return make_error("server: expected tokens as \"token_id:N\" (return_tokens_as_token_ids), got '" +
+                      s + "'");
+  try {
+    return int32_t(std::stol(s.substr(kPre.size())));
+  } catch (...) {
+    return make_error("server: bad token '" + s + "'");
+  }
+}
+
+// One scored prompt position: the log-probability of the prompt's token
+// there and the server's top alternatives (most likely first).
+struct ServerPosition {
+  double logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// The positions [from, ids.size()) of the prompt `ids`.
+Result<std::vector<ServerPosition>> server_prompt_logprobs(const Ctx& c,
+                                                           const std::vector<int32_t>& ids,
+                                                           int64_t from, int top_n) {
+  json body = {{"model", c.served_model}, {"prompt", ids},
+               {"max_tokens", 0},         {"echo", true},
+               {"logprobs", top_n},       {"temperature", 0},
+               {"prompt_logprobs_from", from}, {"return_tokens_as_token_ids", true}};
+  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/v1/completions", &body);
+  if (!r) {
+    std::string m = r.error().message;
+    if (top_n > kMaxTopLogprobs && m.find("logprobs") != std::string::npos)
+      m += " (start kvant serve with --max-logprobs " + std::to_string(top_n) + ")";
+    return make_error(m);
+  }
+  std::vector<ServerPosition> out;
+  try {
+    const json& lp = r->at("choices").at(0).at("logprobs");
+    const json& toks = lp.at("tokens");
+    const json& lps = lp.at("token_logprobs");
+    const json& tops = lp.at("top_logprobs");
+    if (toks.size() < ids.size() || lps.size() < ids.size())
+      return make_error("server: echo returned " + std::to_string(toks.size()) +
+                        " tokens for a prompt of " + std::to_string(ids.size()));
+    for (size_t p = size_t(from); p < ids.size(); ++p) {
+      auto id = token_id_of(toks[p].get<std::string>());
+      if (!id) return id.error();
+      if (*id != ids[p])
+        return make_error("server: echoed token " + std::to_string(p) + " is " +
+                          std::to_string(*id) + ", sent " + std::to_string(ids[p]));
+      if (lps[p].is_null())
+        return make_error("server: no logprob for prompt position " + std::to_string(p));
+      ServerPosition sp;
+      sp.logprob = lps[p].get<double>();
+      if (p < tops.size() && tops[p].is_object())
+        for (auto it = tops[p].begin(); it != tops[p].end(); ++it) {
+          auto tid = token_id_of(it.key());
+          if (!tid) return tid.error();
+          sp.top.push_back({*tid, it.value().get<float>()});
+        }
+      std::sort(sp.top.begin(), sp.top.end(), [](const TokenLogprob& a, const TokenLogprob& b) {
+        return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token;
+      });
+      out.push_back(std::move(sp));
+    }
+  } catch (const std::exception& e) {
+    return make_error(std::string("server: unexpected completion with echo: ") + e.what());
+  }
+  return out;
+}
+
+// The harness's tokenization (scorer.h), through /tokenize.
+Result<TokenizedRequests> server_tokenize_requests(const Ctx& c,
+                                                   const std::vector<LoglikRequest>& reqs) {
+  TokenizedRequests t;
+  auto ctx = server_tokenize(c, reqs[0].context, true);
+  if (!ctx) return ctx.error();
+  t.ctx = std::move(*ctx);
+  for (const auto& rq : reqs) {
+    if (rq.context != reqs[0].context) return make_error("eval: choices with different contexts");
+    auto whole = server_tokenize(c, rq.context + rq.continuation, true);
+    if (!whole) return whole.error();
+    std::vector<int32_t> cont;
+    if (whole->size() > t.ctx.size()) cont.assign(whole->begin() + long(t.ctx.size()), whole->end());
+    t.conts.push_back(std::move(cont));
+  }
+  return t;
+}
+
+// Each continuation's log-likelihood after the context, one request each.
+Result<std::vector<ChoiceScore>> server_score(const Ctx& c, const TokenizedRequests& t) {
+  std::vector<ChoiceScore> out;
+  for (const auto& cont : t.conts) {
+    if (cont.empty() || t.ctx.empty()) return make_error("eval: empty context or continuation");
+    std::vector<int32_t> ids = t.ctx;
+    ids.insert(ids.end(), cont.begin(), cont.end());
+    auto pos = server_prompt_logprobs(c, ids, int64_t(t.ctx.size()), 1);
+    if (!pos) return pos.error();
+    ChoiceScore s;
+    s.greedy = true;
+    for (size_t k = 0; k < pos->size(); ++k) {
+      s.logprob += (*pos)[k].logprob;
+      s.greedy = s.greedy && !(*pos)[k].top.empty() && (*pos)[k].top[0].token == cont[k];
+    }
+    s.tokens = int64_t(cont.size());
+    out.push_back(s);
+  }
+  return out;
+}
+
 Result<void> ensure_local_model(Ctx& c) {
   if (c.model) return {};
-  if (c.o.ef.model.empty()) return make_error("eval: -m MODEL (or --url for gsm8k) is required");
+  if (c.o.ef.model.empty()) return make_error("eval: -m MODEL or --url URL is required");
   auto eo = engine_options(c.o.ef);
   if (!eo) return eo.error();
   WeightOptions wo;
@@ -276,8 +436,26 @@ Result<size_t> limit_for(const std::string& spec, const std::string& task) {
   }
 }
 
-// Multiple choice: ARC-Challenge and MMLU.
-Result<json> mmlu_over_server(Ctx& c, const McItem& it, const std::string& context);
+// Multiple choice: ARC-Challenge and MMLU. One item's record from its choices' scores.
+json mc_record(const std::string& task, const McItem& it, const std::vector<ChoiceScore>& sc) {
+  std::vector<double> ll, lln;
+  json greedy = json::array();
+  for (size_t j = 0; j < sc.size(); ++j) {
+    ll.push_back(sc[j].logprob);
+    lln.push_back(sc[j].logprob / double(std::max<int64_t>(1, utf8_length(it.choices[j]))));
+    greedy.push_back(sc[j].greedy);
+  }
+  const size_t pred = argmax(ll), pred_n = argmax(lln);
+  return {{"task", task},
+          {"id", it.id},
+          {"gold", it.answer},
+          {"pred", pred},
+          {"pred_norm", pred_n},
+          {"acc", pred == size_t(it.answer) ? 1.0 : 0.0},
+          {"acc_norm", pred_n == size_t(it.answer) ? 1.0 : 0.0},
+          {"ll", ll},
+          {"greedy", greedy}};
+}
 
 Result<json> run_mc(Ctx& c, const std::string& task) {
   const Opts& o = c.o;
@@ -324,31 +502,24 @@ Result<json> run_mc(Ctx& c, const std::string& task) {
   for (size_t i : sub.indices) resumed += c.log->find(task, items[i].id) != nullptr;
   Progress prog(task, sub.indices.size(), resumed, o.quiet);
   if (remote) {
-    // MMLU through a server: --concurrency requests at once.
+    // Through the server: --concurrency items at once, a request per choice.
     std::vector<size_t> todo;
     for (size_t i : sub.indices)
       if (!c.log->find(task, items[i].id)) todo.push_back(i);
-    std::atomic<size_t> next{0};
     std::mutex mu;
-    Result<void> err;
-    std::vector<std::thread> th;
-    for (int w = 0; w < std::max(1, o.concurrency); ++w)
-      th.emplace_back([&] {
-        for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
-          const McItem& it = items[todo[k]];
-          auto rec = mmlu_over_server(c, it, mmlu_requests(prefix_of[it.subject], it)[0].context);
-          std::lock_guard<std::mutex> lk(mu);
-          if (!err.ok()) return;
-          if (!rec) {
-            err = make_error(task + " " + it.id + ": " + rec.error().message);
-            return;
-          }
-          if (auto a = c.log->append(*rec); !a) err = a;
-          prog.tick();
-        }
-      });
-    for (auto& t : th) t.join();
-    KV_TRY(err);
+    KV_TRY(parallel_for(todo.size(), o.concurrency, [&](size_t k) -> Result<void> {
+      const McItem& it = items[todo[k]];
+      const std::string& prefix = task == "arc_challenge" ? prefix_of.at("") : prefix_of.at(it.subject);
+      const auto reqs = task == "arc_challenge" ? arc_requests(prefix, it) : mmlu_requests(prefix, it);
+      auto t = server_tokenize_requests(c, reqs);
+      if (!t) return make_error(task + " " + it.id + ": " + t.error().message);
+      auto sc = server_score(c, *t);
+      if (!sc) return make_error(task + " " + it.id + ": " + sc.error().message);
+      std::lock_guard<std::mutex> lk(mu);
+      KV_TRY(c.log->append(mc_record(task, it, *sc)));
+      prog.tick();
+      return {};
+    }));
   }
   int64_t k_acc = 0, k_norm = 0;
   json item_out = json::array();
@@ -365,23 +536,8 @@ Result<json> run_mc(Ctx& c, const std::string& task) {
       const TokenizedRequests t = tokenize_requests(*c.tok, reqs);
       auto sc = c.scorer->score(t.ctx, t.conts);
       if (!sc) return make_error(task + " " + it.id + ": " + sc.error().message);
-      std::vector<double> ll, lln;
-      json greedy = json::array();
-      for (size_t j = 0; j < sc->size(); ++j) {
-        ll.push_back((*sc)[j].logprob);
-        lln.push_back((*sc)[j].logprob / double(std::max<int64_t>(1, utf8_length(it.choices[j]))));
-        greedy.push_back((*sc)[j].greedy);
-      }
-      const size_t pred = argmax(ll), pred_n = argmax(lln);
-      rec = {{"task", task},
-             {"id", it.id},
-             {"gold", it.answer},
-             {"pred", pred},
-             {"pred_norm", pred_n},
-             {"acc", pred == size_t(it.answer) ? 1.0 : 0.0},
-             {"acc_norm", pred_n == size_t(it.answer) ? 1.0 : 0.0},
-             {"ll", ll},
-             {"greedy", greedy}};
+      rec = mc_record(task, it, *sc);
+      const auto& ll = rec["ll"];
       if (c.dump.is_open()) {
         json d = {{"task", task}, {"id", it.id}, {"context", reqs[0].context}, {"ctx_ids", t.ctx}};
         for (size_t j = 0; j < reqs.size(); ++j) {
@@ -408,49 +564,8 @@ Result<json> run_mc(Ctx& c, const std::string& task) {
   r["metrics"]["acc_norm"] = metric(proportion(k_norm, n), "%", "acc_norm");
   if (task == "mmlu") r["metrics"].erase("acc_norm");  // one-token choices: the same as acc
   r["items"] = item_out;
-  if (remote) {
-    int64_t unseen = 0;
-    for (const auto& it : item_out) unseen += it.value("letters_in_top", 4) == 0;
-    r["server"] = {{"method", "top-5 log-probabilities of the first generated token"},
-                   {"items_without_a_letter_in_top5", unseen}};
-  }
+  if (remote) r["server"] = {{"method", "prompt log-probabilities (echo, max_tokens 0)"}};
   return r;
-}
-
-// One MMLU question through /v1/completions: one greedy token with the top 5
-// log-probabilities (the legacy API's most). A letter absent from the 5 is
-// less likely than all 5, so the most likely letter is still known whenever
-// any letter is listed; absent letters get -inf. Questions with no letter in
-// the top 5 count as wrong.
-Result<json> mmlu_over_server(Ctx& c, const McItem& it, const std::string& context) {
-  json body = {{"model", c.served_model}, {"prompt", context}, {"max_tokens", 1},
-               {"temperature", 0},        {"logprobs", 5}};
-  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/v1/completions", &body);
-  if (!r) return r.error();
-  json top;
-  try {
-    top = r->at("choices").at(0).at("logprobs").at("top_logprobs").at(0);
-  } catch (const std::exception& e) {
-    return make_error(std::string("server: no top_logprobs in the completion: ") + e.what());
-  }
-  std::vector<double> ll;
-  int in_top = 0;
-  for (const auto& l : it.labels) {
-    const std::string key = " " + l;
-    if (top.contains(key)) {
-      ll.push_back(top[key].get<double>());
-      ++in_top;
-    } else {
-      ll.push_back(-1e30);
-    }
-  }
-  const size_t pred = argmax(ll);
-  const double acc = in_top > 0 && pred == size_t(it.answer) ? 1.0 : 0.0;
-  json lj = json::array();
-  for (double v : ll) lj.push_back(v > -1e29 ? json(v) : json(nullptr));
-  return json{{"task", "mmlu"}, {"id", it.id},   {"gold", it.answer}, {"pred", pred},
-              {"pred_norm", pred}, {"acc", acc}, {"acc_norm", acc},    {"ll", lj},
-              {"letters_in_top", in_top}};
 }
 
 // GSM8K: generation through the engine, or the server.
@@ -642,15 +757,24 @@ struct WindowPlan {
 };
 
 Result<WindowPlan> plan_windows(Ctx& c, int64_t W, int64_t S, int64_t score, size_t limit) {
-  KV_TRY(ensure_tokenizer(c));
   auto text = load_wikitext2_test(c.data);
   if (!text) return text.error();
   WindowPlan p;
-  p.toks = c.tok->encode(*text, false, false);
+  if (!c.o.url.empty()) {
+    auto t = server_tokenize(c, *text, false);
+    if (!t) return t.error();
+    p.toks = std::move(*t);
+    auto b = server_tokenize(c, "", true);  // [BOS] for a model that adds it
+    if (!b) return b.error();
+    p.bos = b->empty() ? -1 : (*b)[0];
+  } else {
+    KV_TRY(ensure_tokenizer(c));
+    p.toks = c.tok->encode(*text, false, false);
+    p.bos = c.tok->adds_bos() ? c.tok->bos_id() : -1;
+  }
   p.W = W;
   p.S = S;
   p.score = score;
-  p.bos = c.tok->adds_bos() ? c.tok->bos_id() : -1;
   if (int64_t(p.toks.size()) < W) return make_error("eval: WikiText-2 is shorter than one window");
   const size_t n = size_t((int64_t(p.toks.size()) - W) / S + 1);
   for (size_t i : spread_subset(n, limit)) p.starts.push_back(int64_t(i) * S);
@@ -663,10 +787,43 @@ std::vector<int32_t> window_tokens(const WindowPlan& p, int64_t start) {
   return w;
 }
 
+// Windows through the server, --concurrency at once: the scored positions
+// [W - score, W) of each, with `top_n` alternatives.
+class WindowFetcher {
+ public:
+  WindowFetcher(const Ctx& c, int64_t from, int top_n) : c_(c), from_(from), top_n_(top_n) {}
+  // Window w's positions; fetches w and the next ones (window_of(k) gives their tokens).
+  Result<std::vector<ServerPosition>> get(size_t w, size_t n,
+                                          const std::function<std::vector<int32_t>(size_t)>& window_of) {
+    if (!have_.count(w)) {
+      have_.clear();
+      const size_t m = std::min(n - w, size_t(std::max(1, c_.o.concurrency)));
+      std::vector<std::vector<ServerPosition>> got(m);
+      std::vector<std::vector<int32_t>> wins;
+      for (size_t k = 0; k < m; ++k) wins.push_back(window_of(w + k));
+      KV_TRY(parallel_for(m, c_.o.concurrency, [&](size_t k) -> Result<void> {
+        auto r = server_prompt_logprobs(c_, wins[k], from_, top_n_);
+        if (!r) return r.error();
+        got[k] = std::move(*r);
+        return {};
+      }));
+      for (size_t k = 0; k < m; ++k) have_[w + k] = std::move(got[k]);
+    }
+    return std::move(have_[w]);
+  }
+
+ private:
+  const Ctx& c_;
+  int64_t from_;
+  int top_n_;
+  std::map<size_t, std::vector<ServerPosition>> have_;
+};
+
 Result<json> run_wikitext(Ctx& c) {
-  KV_TRY(ensure_local_model(c));
   const Opts& o = c.o;
-  const int64_t W = std::min<int64_t>(o.window, c.scorer->capacity());
+  const bool remote = !o.url.empty();
+  if (!remote) KV_TRY(ensure_local_model(c));
+  const int64_t W = remote ? o.window : std::min<int64_t>(o.window, c.scorer->capacity());
   const int64_t S = o.stride;
   const int64_t score = o.score > 0 ? o.score : S;
   if (score >= W) return make_error("eval: --score must be below --window");
@@ -674,14 +831,17 @@ Result<json> run_wikitext(Ctx& c) {
   if (!lim) return lim.error();
   auto plan = plan_windows(c, W, S, score, *lim);
   if (!plan) return plan.error();
-  const int64_t V = c.model->config().vocab;
-  const int64_t K = o.kl_top_k <= 0 ? V : std::min<int64_t>(o.kl_top_k, V);
+  // The server does not say its vocabulary size: -1 in the baseline's header.
+  const int64_t V = remote ? -1 : c.model->config().vocab;
+  if (remote && !o.kl_save.empty() && o.kl_top_k <= 0)
+    return make_error("eval: over --url, --kl-save needs --kl-top-k K > 0 (the server returns the top K)");
+  const int64_t K = o.kl_top_k <= 0 ? V : remote ? o.kl_top_k : std::min<int64_t>(o.kl_top_k, V);
   // The baseline written so far is the resume point of the reference run.
   std::ofstream kl_out;
   KlHeader kh;
   size_t kl_have = 0;
   if (!o.kl_save.empty()) {
-    json hj = {{"model", o.ef.model},       {"window", W},
+    json hj = {{"model", remote ? o.url : o.ef.model}, {"window", W},
                {"stride", S},               {"score", score},
                {"top_k", K},                {"vocab", V},
                {"bos", plan->bos},          {"windows", plan->starts.size()},
@@ -726,6 +886,8 @@ Result<json> run_wikitext(Ctx& c) {
   std::vector<char> rec_buf;
   json items = json::array();
   std::vector<double> nll_w, tok_w;
+  WindowFetcher fetch(c, W - score, o.kl_save.empty() ? 0 : int(K));
+  auto window_of = [&](size_t k) { return window_tokens(*plan, plan->starts[k]); };
   for (size_t w = 0; w < plan->starts.size(); ++w) {
     const int64_t start = plan->starts[w];
     const std::string id = "w" + std::to_string(start);
@@ -741,7 +903,22 @@ Result<json> run_wikitext(Ctx& c) {
       };
       put(&start, 8);
       put(toks.data(), toks.size() * 4);
-      auto r = c.scorer->window(toks, W - score - 1, [&](int64_t pos, std::span<const float> row) {
+      Result<void> r;
+      if (remote) {
+        auto pos = fetch.get(w, plan->starts.size(), window_of);
+        if (!pos) return pos.error();
+        for (const ServerPosition& sp : *pos) {
+          nll -= sp.logprob;
+          if (o.kl_save.empty()) continue;
+          if (int64_t(sp.top.size()) < K)
+            return make_error("eval: the server returned " + std::to_string(sp.top.size()) +
+                              " alternatives, not " + std::to_string(K));
+          const float lnext = float(sp.logprob);
+          put(&lnext, 4);
+          for (int64_t i = 0; i < K; ++i) put(&sp.top[size_t(i)].token, 4);
+          for (int64_t i = 0; i < K; ++i) put(&sp.top[size_t(i)].logprob, 4);
+        }
+      } else r = c.scorer->window(toks, W - score - 1, [&](int64_t pos, std::span<const float> row) {
         log_softmax(row, lp);
         const float lnext = float(lp[size_t(toks[size_t(pos + 1)])]);
         nll -= lp[size_t(toks[size_t(pos + 1)])];
@@ -800,15 +977,19 @@ Result<json> run_kl(Ctx& c) {
   const Opts& o = c.o;
   if (o.kl_baseline.empty())
     return make_error("eval: task kl needs --kl-baseline FILE (written by --task wikitext --kl-save)");
-  KV_TRY(ensure_local_model(c));
+  const bool remote = !o.url.empty();
+  if (!remote) KV_TRY(ensure_local_model(c));
   std::ifstream f(o.kl_baseline, std::ios::binary);
   if (!f) return make_error("eval: cannot open " + o.kl_baseline);
   auto h = read_kl_header(f, o.kl_baseline);
   if (!h) return h.error();
-  const int64_t V = c.model->config().vocab;
-  if (h->j.value("vocab", int64_t(0)) != V)
-    return make_error("eval: the baseline's vocabulary differs from the model's");
-  if (h->window > c.scorer->capacity()) return make_error("eval: the baseline's window exceeds --max-len");
+  if (!remote) {
+    const int64_t V = c.model->config().vocab, hv = h->j.value("vocab", int64_t(0));
+    if (hv > 0 && hv != V)  // -1: written over a server, which does not say
+      return make_error("eval: the baseline's vocabulary differs from the model's");
+    if (h->window > c.scorer->capacity())
+      return make_error("eval: the baseline's window exceeds --max-len");
+  }
   const int64_t W = h->window, score = h->score, K = h->k;
   size_t windows = size_t(h->windows);
   auto lim = limit_for(o.limit, "kl");
@@ -826,6 +1007,19 @@ Result<json> run_kl(Ctx& c) {
   Progress prog("kl", windows, resumed, o.quiet);
   std::vector<double> kl, dp, same, nll_w, tok_w, lp, cand;
   json items = json::array();
+  // Over a server: the candidate's top K at each position. KL is then taken
+  // over the tokens in both top-K lists plus one bucket for the rest: a
+  // coarser partition than in-process (which sees the candidate's whole
+  // distribution), so a slightly lower bound; equal when the lists agree.
+  WindowFetcher fetch(c, W - score, int(K));
+  auto window_of = [&](size_t k) {
+    std::vector<int32_t> t(static_cast<size_t>(W));
+    std::ifstream g(o.kl_baseline, std::ios::binary);
+    g.seekg(std::streamoff(h->header_bytes + k * rb + 8));
+    g.read((char*)t.data(), std::streamsize(W * 4));
+    return t;
+  };
+  std::vector<float> ref_sub;
   for (size_t w = 0; w < windows; ++w) {
     const std::string id = "w" + std::to_string(starts[w]);
     json rec;
@@ -842,7 +1036,32 @@ Result<json> run_kl(Ctx& c) {
       double nll = 0;
       std::vector<int32_t> ids(static_cast<size_t>(K));
       std::vector<float> ref(static_cast<size_t>(K));
-      auto r = c.scorer->window(toks, W - score - 1, [&](int64_t pos, std::span<const float> row) {
+      Result<void> r;
+      if (remote) {
+        auto got = fetch.get(w, windows, window_of);
+        if (!got) return got.error();
+        for (size_t q = 0; q < got->size(); ++q) {
+          const ServerPosition& sp = (*got)[q];
+          const char* p = pos_base + q * (4 + size_t(K) * 8);
+          float lnext;
+          std::memcpy(&lnext, p, 4);
+          std::memcpy(ids.data(), p + 4, size_t(K) * 4);
+          std::memcpy(ref.data(), p + 4 + size_t(K) * 4, size_t(K) * 4);
+          ref_sub.clear();
+          cand.clear();
+          for (int64_t i = 0; i < K; ++i)
+            for (const auto& t : sp.top)
+              if (t.token == ids[size_t(i)]) {
+                ref_sub.push_back(ref[size_t(i)]);
+                cand.push_back(t.logprob);
+                break;
+              }
+          wkl.push_back(kl_topk(ref_sub.data(), cand.data(), int64_t(cand.size())));
+          wdp.push_back(std::exp(sp.logprob) - std::exp(double(lnext)));
+          wsame.push_back(!sp.top.empty() && sp.top[0].token == ids[0] ? 1.0 : 0.0);
+          nll -= sp.logprob;
+        }
+      } else r = c.scorer->window(toks, W - score - 1, [&](int64_t pos, std::span<const float> row) {
         const int64_t q = pos - (W - score - 1);
         const char* p = pos_base + size_t(q) * (4 + size_t(K) * 8);
         float lnext;
@@ -938,11 +1157,6 @@ int run_eval(const Opts& o) {
     if (t != "arc_challenge" && t != "mmlu" && t != "gsm8k" && t != "wikitext" && t != "kl")
       return fail("eval: unknown task '" + t + "' (arc_challenge, mmlu, gsm8k, wikitext, kl)");
   if (o.url.empty() && o.ef.model.empty()) return fail("eval: give -m MODEL or --url URL");
-  if (!o.url.empty())
-    for (const auto& t : tasks)
-      if (t != "gsm8k" && t != "mmlu")
-        return fail("eval: --url runs gsm8k and mmlu (the next token's top log-probabilities); " +
-                    t + " needs prompt log-probabilities, run it in-process with -m");
   auto data = DataDir::open(o.data.empty() ? default_data_dir() : o.data);
   if (!data) return fail(data.error().message);
   Ctx c(o, std::move(*data));
@@ -1031,7 +1245,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("-m,--model", o.ef.model, "GGUF file or Hugging Face directory (in-process)");
   cmd->add_option("--tasks,--task", o.tasks,
                   "comma-separated: arc_challenge, mmlu, gsm8k, wikitext, kl");
-  cmd->add_option("--url", o.url, "a running OpenAI-compatible server instead of -m (gsm8k)");
+  cmd->add_option("--url", o.url,
+                  "a running server instead of -m (OpenAI completions with echo + logprobs, /tokenize)");
   cmd->add_option("--api-key", o.api_key, "bearer token for --url");
   cmd->add_option("--served-model", o.served_model, "model id for --url (default: the first listed)");
   cmd->add_option("--data", o.data, "evaluation data folder (default: the source tree's data/eval)");
@@ -1043,7 +1258,8 @@ void register_eval(CLI::App& app) {
                   "ARC source or GSM8K solution length (wikitext windows: spread evenly; kl: the "
                   "baseline's first N); 0 = all");
   cmd->add_option("--seed", o.seed, "seed of the subset and of ARC's few-shot exemplars");
-  cmd->add_option("--concurrency", o.concurrency, "gsm8k requests in flight (engine or server)")
+  cmd->add_option("--concurrency", o.concurrency,
+                  "requests in flight: gsm8k (engine or server), every task over --url")
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--no-resume", o.no_resume, "discard an earlier run's partial results");
   cmd->add_option("--arc-shots", o.arc_shots, "ARC-Challenge exemplars from its train split")

@@ -23,8 +23,9 @@ struct ServeOpts {
   std::string api_key;
   std::string model_name;
   std::string chat_template;
-  std::string max_body = "1MiB";
+  std::string max_body = "32MiB";
   int64_t max_waiting = 1024;
+  int max_logprobs = kMaxTopLogprobs;
   double shutdown_grace = 30;
 };
 
@@ -59,6 +60,7 @@ int run_serve(const ServeOpts& o) {
   so.model_name = o.model_name.empty() ? default_model_name(o.engine.model) : o.model_name;
   so.max_body_bytes = *body;
   so.max_waiting = o.max_waiting;
+  so.max_logprobs = o.max_logprobs;
   so.shutdown_grace_seconds = o.shutdown_grace;
   auto fmt = o.chat_template.empty()
                  ? detect_chat_format(eng.chat_template(), eng.model_config().arch_name)
@@ -102,7 +104,11 @@ void register_serve(CLI::App& app) {
                   "model id clients name (default: the model file's name without .gguf)");
   cmd->add_option("--chat-template", o.chat_template,
                   "chat template by name: chatml, smollm2, gemma, llama3 (default: detected)");
-  cmd->add_option("--max-body", o.max_body, "largest request body, e.g. 1MiB (413 beyond)");
+  cmd->add_option("--max-body", o.max_body, "largest request body, e.g. 32MiB (413 beyond)");
+  cmd->add_option("--max-logprobs", o.max_logprobs,
+                  "most alternatives per token in completions' logprobs; above 20 only for the "
+                  "prompt's tokens (echo, max_tokens 0), e.g. 64 for kvant eval's KL over --url")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-waiting", o.max_waiting,
                   "requests waiting for their first token before new ones get 429")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));

@@ -129,6 +129,8 @@ struct Engine::Req {
   Sampler sampler;
   StopMatcher stop;
   StepLogprobs lp;
+  PromptLogprobs plp;     // when request.prompt_logprobs >= 0
+  bool plp_sent = false;  // went out with the first event
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = -1;  // set at the first scheduled chunk
@@ -149,6 +151,8 @@ struct Engine::Impl {
   std::vector<std::vector<uint8_t*>> page_ptrs;
   std::vector<KvSpan> spans;
   std::vector<size_t> batch_index;  // plan entry of each batch chunk
+  std::vector<int64_t> row0;        // first logits row of each batch chunk
+  std::vector<float> lp_scratch;    // prompt log-probabilities
   Batch batch;
   std::vector<float> logits;
   std::vector<int32_t> sampled;
@@ -326,6 +330,12 @@ Result<RequestId> Engine::submit(Request r) {
     return make_error("the prompt has " + std::to_string(n) + " tokens; the context holds " +
                       std::to_string(capacity_.max_context) +
                       " (prompt plus at least one generated token)");
+  if (r.prompt_logprobs < -1 || r.prompt_logprobs > c.vocab)
+    return make_error("prompt_logprobs must be in [-1, " + std::to_string(c.vocab) + "], got " +
+                      std::to_string(r.prompt_logprobs));
+  if (r.prompt_logprobs >= 0 && (r.prompt_logprobs_from < 1 || r.prompt_logprobs_from > n))
+    return make_error("prompt_logprobs_from must be in [1, " + std::to_string(n) +
+                      "] (the prompt's length), got " + std::to_string(r.prompt_logprobs_from));
   KV_TRY(check_sampling_params(r.sampling));
   KV_TRY(check_stop_params(r.stop));
   const int64_t room = capacity_.max_context - n;
@@ -362,6 +372,10 @@ void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogpro
   ev.token = token;
   ev.text = text;
   ev.logprobs = lp;
+  if (r.request.prompt_logprobs >= 0 && !r.plp_sent && r.plp.complete()) {
+    ev.prompt_logprobs = &r.plp;
+    r.plp_sent = true;
+  }
   ev.finish = finish;
   ev.error = error;
   ev.prompt_tokens = r.prompt_tokens;
@@ -412,7 +426,13 @@ void Engine::admit_inbox() {
     r.sampler.set_prompt(r.request.prompt, r.request.stop.max_tokens);
     SequenceRequest sr;
     sr.prompt = r.request.prompt;
-    sr.max_tokens = r.request.stop.max_tokens;
+    sr.max_tokens = r.request.prompt_only ? 1 : r.request.stop.max_tokens;
+    if (r.request.prompt_logprobs >= 0) {
+      const int64_t from = r.request.prompt_logprobs_from;
+      r.plp.reset(from, int64_t(r.request.prompt.size()) - from, r.request.prompt_logprobs);
+      // The logits for position `from` come from the row of from - 1.
+      sr.max_prefix_hit = from - 1;
+    }
     auto id = scheduler_->add(std::move(sr));
     I.reqs.emplace(r.id, std::move(rp));
     if (!id) {
@@ -494,6 +514,7 @@ Result<bool> Engine::step() {
   I.batch.tokens.clear();
   I.batch.seqs.clear();
   I.batch_index.clear();
+  I.row0.clear();
   if (I.page_ptrs.size() < n) I.page_ptrs.resize(n);
   I.spans.assign(n, KvSpan{});
   for (size_t i = 0; i < n; ++i) {
@@ -504,7 +525,20 @@ Result<bool> Engine::step() {
     for (size_t p = 0; p < e.pages.size(); ++p) ptrs[p] = pool_->page_data(e.pages[p].page);
     I.spans[i] = KvSpan{&I.format, ptrs.data(), int64_t(ptrs.size())};
     I.batch.tokens.insert(I.batch.tokens.end(), e.tokens.begin(), e.tokens.end());
-    I.batch.seqs.push_back(SeqChunk{&I.spans[i], e.start, e.n_tokens, false});
+    SeqChunk chunk{&I.spans[i], e.start, e.n_tokens, false};
+    Req* rq = I.by_seq[e.id];
+    if (rq->request.prompt_logprobs >= 0 && !rq->plp_sent) {
+      // Rows q in [from - 1, prompt - 2] predict prompt positions q + 1.
+      const int64_t lo = rq->plp.first - 1, hi = rq->prompt_tokens - 2;
+      if (e.start + e.n_tokens - 1 >= lo && e.start <= hi) {
+        chunk.all_logits = true;
+        chunk.logit_skip = std::max<int64_t>(0, lo - e.start);
+      }
+    }
+    I.row0.push_back(I.batch.seqs.empty()
+                         ? 0
+                         : I.row0.back() + I.batch.seqs.back().logit_count());
+    I.batch.seqs.push_back(chunk);
     I.batch_index.push_back(i);
     if (e.kind == StepKind::Prefill) S.prompt_tokens += e.n_tokens;
     Req* r = I.by_seq[e.id];
@@ -513,7 +547,7 @@ Result<bool> Engine::step() {
   const int64_t vocab = model_->config().vocab;
   I.sampled.assign(n, -1);
   if (!I.batch.seqs.empty()) {
-    I.logits.resize(I.batch.seqs.size() * size_t(vocab));
+    I.logits.resize(size_t(I.batch.logit_rows()) * size_t(vocab));
     const double t0 = now_s();
     auto fr = model_->forward(I.batch, I.logits);
     S.forward_seconds += now_s() - t0;
@@ -531,6 +565,22 @@ Result<bool> Engine::step() {
     }
   }
 
+  // Prompt log-probabilities from the chunks that computed all their rows.
+  for (size_t j = 0; j < I.batch_index.size(); ++j) {
+    const SeqChunk& ch = I.batch.seqs[j];
+    if (!ch.all_logits) continue;
+    const auto& e = plan.sequences[I.batch_index[j]];
+    Req& r = *I.by_seq[e.id];
+    I.lp_scratch.resize(size_t(vocab));
+    for (int64_t k = 0; k < ch.logit_count(); ++k) {
+      const int64_t p = e.start + ch.logit_skip + k + 1;  // the position this row predicts
+      if (p < r.plp.first || p >= r.prompt_tokens) continue;
+      std::span<const float> row(I.logits.data() + size_t(I.row0[j] + k) * size_t(vocab),
+                                 size_t(vocab));
+      r.plp.record(p, row, r.request.prompt[size_t(p)], I.lp_scratch);
+    }
+  }
+
   // Sample, run the stop logic, stream.
   I.to_finish.clear();
   for (size_t j = 0; j < I.batch_index.size(); ++j) {
@@ -538,7 +588,18 @@ Result<bool> Engine::step() {
     const auto& e = plan.sequences[i];
     if (!e.samples) continue;
     Req& r = *I.by_seq[e.id];
-    std::span<float> row(I.logits.data() + j * size_t(vocab), size_t(vocab));
+    const int64_t last_row = I.row0[j] + I.batch.seqs[j].logit_count() - 1;
+    std::span<float> row(I.logits.data() + size_t(last_row) * size_t(vocab), size_t(vocab));
+    if (r.request.prompt_only) {
+      // The prompt is computed: the request ends without a token. The
+      // scheduler's sequence (max_tokens 1) takes the argmax and finishes.
+      const int32_t tok = Sampler::argmax(row);
+      I.sampled[i] = tok;
+      r.done = true;
+      emit(r, -1, "", nullptr, FinishReason::Length, "");
+      I.to_finish.push_back(&r);
+      continue;
+    }
     StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
     const int32_t tok = r.sampler.sample(row, lp);
     r.sampler.accept(tok);
@@ -559,7 +620,9 @@ Result<bool> Engine::step() {
   KV_TRY(scheduler_->commit(I.sampled));
   for (Req* r : I.to_finish) {
     if (scheduler_->find(r->seq) != nullptr)
-      (void)scheduler_->finish(r->seq, r->stop.finish_reason());
+      (void)scheduler_->finish(r->seq, r->stop.finish_reason() != FinishReason::None
+                                           ? r->stop.finish_reason()
+                                           : FinishReason::Length);
     ++S.requests_finished;
     I.by_seq.erase(r->seq);
     pending_.fetch_sub(1);

@@ -86,6 +86,9 @@ struct RequestEvent {
   int32_t token = -1;                      // the sampled token, -1 if none
   std::string_view text;                   // text that became safe to show
   const StepLogprobs* logprobs = nullptr;  // when the request asked for them
+  // The prompt's log-probabilities (Request::prompt_logprobs), with the
+  // request's first event; null on every other event and when not asked for.
+  const PromptLogprobs* prompt_logprobs = nullptr;
   FinishReason finish = FinishReason::None;
   std::string_view error;  // with FinishReason::Error: what went wrong
   int64_t prompt_tokens = 0;
@@ -99,6 +102,15 @@ struct Request {
   SamplingParams sampling;
   StopParams stop;  // stop.max_tokens <= 0: up to the context limit
   bool logprobs = false;
+  // Log-probabilities of the prompt's own tokens: -1 none; else, for every
+  // prompt position from prompt_logprobs_from on (>= 1), that token's and the
+  // `prompt_logprobs` most likely tokens' there. Positions before it may be
+  // served from the prefix cache; those from it on are computed.
+  int32_t prompt_logprobs = -1;
+  int64_t prompt_logprobs_from = 1;
+  // Generates nothing: the request finishes ("length") once its prompt is
+  // computed (scoring a prompt, the completions API's max_tokens 0 with echo).
+  bool prompt_only = false;
   RequestCallback on_event;  // may be empty
 };
 

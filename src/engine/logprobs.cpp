@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/cpu/kernels.h"
@@ -28,33 +29,77 @@ double log_sum_exp(std::span<const float> logits, std::span<float> scratch) {
   return double(mx) - std::log(double(scratch[best]));
 }
 
+int32_t top_logprobs(std::span<const float> logits, double log_z, int32_t top_n,
+                     TokenLogprob* out) {
+  const int32_t n = std::clamp(top_n, 0, int32_t(logits.size()));
+  int32_t have = 0;
+  if (n > 64) {
+    // Many alternatives: a partial sort of the ids.
+    std::vector<int32_t> ids;
+    ids.reserve(logits.size());
+    for (int32_t i = 0; i < int32_t(logits.size()); ++i)
+      if (!std::isnan(logits[size_t(i)])) ids.push_back(i);
+    have = std::min(n, int32_t(ids.size()));
+    std::partial_sort(ids.begin(), ids.begin() + have, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[size_t(a)] != logits[size_t(b)] ? logits[size_t(a)] > logits[size_t(b)] : a < b;
+    });
+    for (int32_t j = 0; j < have; ++j) out[j].token = ids[size_t(j)];
+  } else {
+    // Insertion into a sorted array of at most 64: after the first few
+    // hundred entries almost every logit fails the first comparison, so this
+    // is one pass over the row.
+    for (int32_t i = 0; n > 0 && i < int32_t(logits.size()); ++i) {
+      const float x = logits[size_t(i)];
+      if (have == n && !(x > logits[size_t(out[n - 1].token)])) continue;
+      if (std::isnan(x)) continue;
+      // Strictly greater moves up, so an equal logit stays behind the lower id.
+      int32_t pos = have < n ? have++ : n - 1;
+      while (pos > 0 && x > logits[size_t(out[pos - 1].token)]) {
+        out[pos] = out[pos - 1];
+        --pos;
+      }
+      out[pos].token = i;
+    }
+  }
+  for (int32_t j = 0; j < have; ++j)
+    out[j].logprob = float(double(logits[size_t(out[j].token)]) - log_z);
+  return have;
+}
+
 void compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t top_n,
                       std::span<float> scratch, StepLogprobs& out) {
   const double log_z = log_sum_exp(logits, scratch);
-  const auto lp = [&](int32_t t) { return float(double(logits[size_t(t)]) - log_z); };
   out.chosen = {chosen, chosen >= 0 && size_t(chosen) < logits.size()
-                            ? lp(chosen)
+                            ? float(double(logits[size_t(chosen)]) - log_z)
                             : -std::numeric_limits<float>::infinity()};
+  out.n_top = top_logprobs(logits, log_z, std::min(top_n, kMaxTopLogprobs), out.top.data());
+}
 
-  // Insertion into a sorted array of at most 20: after the first few hundred
-  // entries almost every logit fails the first comparison, so this is one
-  // pass over the row.
-  const int32_t n = std::clamp(top_n, 0, std::min(kMaxTopLogprobs, int32_t(logits.size())));
-  int32_t have = 0;
-  for (int32_t i = 0; n > 0 && i < int32_t(logits.size()); ++i) {
-    const float x = logits[size_t(i)];
-    if (have == n && !(x > logits[size_t(out.top[size_t(n - 1)].token)])) continue;
-    if (std::isnan(x)) continue;
-    // Strictly greater moves up, so an equal logit stays behind the lower id.
-    int32_t pos = have < n ? have++ : n - 1;
-    while (pos > 0 && x > logits[size_t(out.top[size_t(pos - 1)].token)]) {
-      out.top[size_t(pos)] = out.top[size_t(pos - 1)];
-      --pos;
-    }
-    out.top[size_t(pos)].token = i;
-  }
-  out.n_top = have;
-  for (int32_t j = 0; j < have; ++j) out.top[size_t(j)].logprob = lp(out.top[size_t(j)].token);
+void PromptLogprobs::reset(int64_t first_pos, int64_t count, int32_t top) {
+  first = first_pos;
+  top_n = top;
+  chosen.assign(size_t(count), TokenLogprob{});
+  n_top.assign(size_t(count), 0);
+  alternatives.assign(size_t(count) * size_t(top), TokenLogprob{});
+  filled.assign(size_t(count), 0);
+}
+
+void PromptLogprobs::record(int64_t pos, std::span<const float> logits, int32_t actual,
+                            std::span<float> scratch) {
+  const int64_t i = pos - first;
+  KV_CHECK(i >= 0 && i < size());
+  const double log_z = log_sum_exp(logits, scratch);
+  chosen[size_t(i)] = {actual, actual >= 0 && size_t(actual) < logits.size()
+                                   ? float(double(logits[size_t(actual)]) - log_z)
+                                   : -std::numeric_limits<float>::infinity()};
+  n_top[size_t(i)] = top_n > 0 ? top_logprobs(logits, log_z, top_n,
+                                              alternatives.data() + size_t(i) * size_t(top_n))
+                               : 0;
+  filled[size_t(i)] = 1;
+}
+
+bool PromptLogprobs::complete() const {
+  return std::all_of(filled.begin(), filled.end(), [](uint8_t f) { return f != 0; });
 }
 
 void log_softmax(std::span<const float> logits, std::vector<double>& out) {

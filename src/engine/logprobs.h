@@ -37,6 +37,35 @@ double log_sum_exp(std::span<const float> logits, std::span<float> scratch);
 // perplexity, KL divergence). `out` is resized to logits.size().
 void log_softmax(std::span<const float> logits, std::vector<double>& out);
 
+// The min(top_n, logits.size()) largest logits' tokens and log-probabilities
+// (logit - log_z) into out[0..), most likely first, ties to the lower id;
+// returns how many were written (NaN logits are never listed).
+int32_t top_logprobs(std::span<const float> logits, double log_z, int32_t top_n,
+                     TokenLogprob* out);
+
+// Log-probabilities of a prompt's own tokens (the completions API's `echo`
+// with `logprobs`, and evaluation over a server): for each prompt position p
+// in [first, first + size()), the log-probability of prompt[p] given the
+// tokens before it, and the top_n most likely tokens there.
+struct PromptLogprobs {
+  int64_t first = 1;
+  int32_t top_n = 0;
+  std::vector<TokenLogprob> chosen;        // [size()]
+  std::vector<int32_t> n_top;              // [size()]
+  std::vector<TokenLogprob> alternatives;  // [size() * top_n], each position's most likely first
+  std::vector<uint8_t> filled;             // [size()]
+
+  int64_t size() const { return int64_t(chosen.size()); }
+  std::span<const TokenLogprob> top_at(int64_t i) const {
+    return {alternatives.data() + size_t(i) * size_t(top_n), size_t(n_top[size_t(i)])};
+  }
+  void reset(int64_t first_pos, int64_t count, int32_t top);
+  // Position pos's entry from the logits that predict it (the row of pos - 1).
+  void record(int64_t pos, std::span<const float> logits, int32_t actual,
+              std::span<float> scratch);
+  bool complete() const;
+};
+
 // Fills `out` with the log-softmax of `logits` at `chosen` and at the
 // min(top_n, kMaxTopLogprobs) largest logits. `scratch` as for log_sum_exp.
 void compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t top_n,

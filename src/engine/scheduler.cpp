@@ -46,6 +46,7 @@ Result<SeqId> Scheduler::add(SequenceRequest request) {
   s->arrival = next_arrival_++;
   s->prompt_tokens = int64_t(request.prompt.size());
   s->max_tokens = request.max_tokens;
+  s->max_prefix_hit = request.max_prefix_hit;
   s->tokens = std::move(request.prompt);
   // Reserved up front so that decode steps never reallocate, and spans in a
   // plan stay valid until commit.
@@ -155,7 +156,9 @@ const StepPlan& Scheduler::schedule() {
     int64_t hit_tokens = 0;
     if (index_ != nullptr) {
       // Full pages only, and never the last token: its logits are needed.
-      auto prefix = std::span<const int32_t>(s.tokens).first(s.tokens.size() - 1);
+      size_t len = s.tokens.size() - 1;
+      if (s.max_prefix_hit >= 0) len = std::min(len, size_t(s.max_prefix_hit));
+      auto prefix = std::span<const int32_t>(s.tokens).first(len);
       hit_tokens = index_->lookup(prefix, s.table.pages) * page_tokens_;
       s.computed = hit_tokens;
       s.table.tokens = hit_tokens;

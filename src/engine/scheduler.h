@@ -40,6 +40,9 @@ struct SchedulerOptions {
 struct SequenceRequest {
   std::vector<int32_t> prompt;  // non-empty
   int64_t max_tokens = 0;       // > 0: tokens to generate at most (then finish "length")
+  // >= 0: prompt tokens the prefix index may serve at most (the rest is
+  // computed, e.g. for the logits of prompt positions).
+  int64_t max_prefix_hit = -1;
 };
 
 enum class SequenceStatus : uint8_t { Waiting, Running };
@@ -54,6 +57,7 @@ struct SequenceState {
   int64_t prompt_tokens = 0;
   int64_t generated = 0;
   int64_t max_tokens = 0;
+  int64_t max_prefix_hit = -1;
   int64_t computed = 0;       // tokens whose K/V is in the pages
   int64_t indexed_pages = 0;  // leading full pages already offered to the prefix index
   int64_t preemptions = 0;

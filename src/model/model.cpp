@@ -20,7 +20,7 @@ namespace kvant {
 
 int64_t Batch::logit_rows() const {
   int64_t r = 0;
-  for (auto& s : seqs) r += s.all_logits ? s.n_tokens : 1;
+  for (auto& s : seqs) r += s.logit_count();
   return r;
 }
 
@@ -347,6 +347,8 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
     const auto& s = b.seqs[si];
     if (!s.kv || !s.kv->format || s.n_tokens <= 0)
       return make_error("forward: empty sequence chunk");
+    if (s.all_logits && (s.logit_skip < 0 || s.logit_skip >= s.n_tokens))
+      return make_error("forward: logit_skip must leave at least one row of the chunk");
     const KvFormat& f = *s.kv->format;
     if (f.kv_heads != c.cache_heads() || f.head_dim != c.cache_dim())
       return make_error("forward: the KV pages have " + std::to_string(f.kv_heads) + " heads of " +
@@ -407,7 +409,7 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
     for (auto& s : b.seqs) {
       const int set = s.n_tokens == 1 ? decode_set_ : prefill_set_;
       push(segs_, t, t + s.n_tokens, set);
-      const int64_t nl = s.all_logits ? s.n_tokens : 1;
+      const int64_t nl = s.logit_count();
       push(logit_segs_, r, r + nl, set);
       t += s.n_tokens;
       r += nl;
@@ -431,7 +433,7 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   int64_t r = 0, t0 = 0;
   for (auto& s : b.seqs) {
     const int set = s.n_tokens == 1 ? decode_set_ : prefill_set_;
-    const int64_t first = s.all_logits ? t0 : t0 + s.n_tokens - 1;
+    const int64_t first = s.all_logits ? t0 + s.logit_skip : t0 + s.n_tokens - 1;
     for (int64_t t = first; t < t0 + s.n_tokens; ++t, ++r) {
       ops::rmsnorm(ws.x.data() + t * c.hidden, sets_[size_t(set)].out_norm.data(), c.rms_eps,
                    ws.h.data() + r * c.hidden, c.hidden);

@@ -30,6 +30,10 @@ struct SeqChunk {
   int64_t pos0 = 0;            // position of the chunk's first token
   int64_t n_tokens = 0;
   bool all_logits = false;  // logits for every token, else for the last only
+  // With all_logits: the first logit_skip tokens get none (the rows start at
+  // token logit_skip of the chunk).
+  int64_t logit_skip = 0;
+  int64_t logit_count() const { return all_logits ? n_tokens - logit_skip : 1; }
 };
 
 struct Batch {

@@ -48,6 +48,7 @@ struct Event {
   int32_t token = -1;
   bool has_logprobs = false;
   StepLogprobs logprobs;
+  std::shared_ptr<const PromptLogprobs> prompt_logprobs;  // with the first event, when asked
   FinishReason finish = FinishReason::None;
   std::string error;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -271,7 +272,7 @@ awaitable<bool> Server::handle(std::shared_ptr<Connection> conn, Request& req) {
     co_return co_await send(conn, req, http::status::ok, metrics_.render(gauges()),
                             "text/plain; version=0.0.4", true);
   }
-  const bool is_v1 = target.rfind("/v1/", 0) == 0;
+  const bool is_v1 = target.rfind("/v1/", 0) == 0 || target == "/tokenize";
   if (is_v1 && !opt_.api_key.empty()) {
     const std::string want = "Bearer " + opt_.api_key;
     auto it = req.find(http::field::authorization);
@@ -304,6 +305,14 @@ awaitable<bool> Server::handle(std::shared_ptr<Connection> conn, Request& req) {
     co_return co_await generate(
         conn, req, target == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completion);
   }
+  if (target == "/tokenize") {
+    if (method != http::verb::post) co_return co_await method_not_allowed("POST");
+    auto t = tokenize_request(req.body(), opt_.model_name, engine_.tokenizer(),
+                              engine_.capacity().max_context);
+    if (!t.error.message.empty()) co_return co_await send_error(conn, req, t.error);
+    co_return co_await send(conn, req, http::status::ok, dump_json(t.response), "application/json",
+                            true);
+  }
   co_return co_await send_error(
       conn, req, api_error(404, "no route for " + target, "invalid_request_error", "not_found"));
 }
@@ -330,6 +339,7 @@ void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent
     ev.has_logprobs = true;
     ev.logprobs = *e.logprobs;
   }
+  if (e.prompt_logprobs) ev.prompt_logprobs = std::make_shared<PromptLogprobs>(*e.prompt_logprobs);
   ev.finish = e.finish;
   ev.error.assign(e.error);
   ev.prompt_tokens = e.prompt_tokens;
@@ -379,7 +389,7 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
     co_return co_await send_error(
         conn, req, api_error(503, "the server is shutting down", "server_error", "shutting_down"),
         false);
-  auto parsed = parse_request(endpoint, req.body(), opt_.model_name);
+  auto parsed = parse_request(endpoint, req.body(), opt_.model_name, opt_.max_logprobs);
   if (!parsed.request) co_return co_await send_error(conn, req, parsed.error);
   ParsedRequest& pr = *parsed.request;
   const Tokenizer& tok = engine_.tokenizer();
@@ -434,11 +444,23 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
 
   auto gen = std::make_shared<Generation>(io_);
   gen->arrival = Clock::now();
+  // What echo sends back: the prompt as given (its tokens' text for ids).
+  std::vector<int32_t> echo_ids;
+  std::string echo_text;
+  if (pr.echo) {
+    echo_ids = ids;
+    echo_text = pr.prompt_is_ids ? tok.decode(echo_ids) : pr.prompt;
+  }
   kvant::Request er;
   er.prompt = std::move(ids);
   er.sampling = pr.sampling;
   er.stop = pr.stop;
-  er.logprobs = pr.logprobs;
+  er.logprobs = pr.logprobs && !pr.prompt_only;
+  er.prompt_only = pr.prompt_only;
+  if (pr.echo && pr.logprobs) {
+    er.prompt_logprobs = pr.top_logprobs;
+    er.prompt_logprobs_from = std::min<int64_t>(pr.prompt_logprobs_from, int64_t(er.prompt.size()));
+  }
   er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
   queued_.fetch_add(1);
   in_flight_.fetch_add(1);
@@ -466,14 +488,18 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
   bool first_chunk = true, write_failed = false;
   int64_t text_offset = 0;
 
+  auto token_text = [&](int32_t id) {
+    return pr.tokens_as_ids ? "token_id:" + std::to_string(id)
+                            : tok.decode(std::span<const int32_t>(&id, 1));
+  };
   auto token_lp = [&](const StepLogprobs& s) {
     TokenLogprobText t;
-    t.token = tok.decode(std::span<const int32_t>(&s.chosen.token, 1));
+    t.token = token_text(s.chosen.token);
     t.logprob = s.chosen.logprob;
-    for (const auto& a : s.top_tokens())
-      t.top.emplace_back(tok.decode(std::span<const int32_t>(&a.token, 1)), a.logprob);
+    for (const auto& a : s.top_tokens()) t.top.emplace_back(token_text(a.token), a.logprob);
     return t;
   };
+  bool echoed = false;
 
   std::optional<http::response_serializer<http::empty_body>> sr;
   http::response<http::empty_body> head{http::status::ok, req.version()};
@@ -520,6 +546,30 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
     }
     std::string delta;
     std::vector<TokenLogprobText> delta_lps;
+    if (pr.echo && !echoed) {
+      // The prompt first: its text, and its tokens' logprobs (none for the
+      // first token and those before prompt_logprobs_from, or when the
+      // request failed before its prompt was computed).
+      echoed = true;
+      delta = echo_text;
+      if (pr.logprobs) {
+        const PromptLogprobs* plp = nullptr;
+        for (const Event& ev : batch)
+          if (ev.prompt_logprobs) plp = ev.prompt_logprobs.get();
+        for (size_t p = 0; p < echo_ids.size(); ++p) {
+          TokenLogprobText t;
+          t.token = token_text(echo_ids[p]);
+          const int64_t i = plp ? int64_t(p) - plp->first : -1;
+          if (i >= 0 && i < plp->size()) {
+            t.logprob = plp->chosen[size_t(i)].logprob;
+            for (const auto& a : plp->top_at(i)) t.top.emplace_back(token_text(a.token), a.logprob);
+          } else {
+            t.has_logprob = false;
+          }
+          delta_lps.push_back(std::move(t));
+        }
+      }
+    }
     for (Event& ev : batch) {
       delta += ev.text;
       if (pr.logprobs && ev.has_logprobs) delta_lps.push_back(token_lp(ev.logprobs));

@@ -157,7 +157,7 @@ std::string error_body(const ApiError& e) {
 }
 
 ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
-                           const std::string& model_name) {
+                           const std::string& model_name, int32_t max_logprobs) {
   ParseOutcome out;
   json j;
   try {
@@ -260,8 +260,11 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
       return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
     if (r.prompt_is_ids && r.prompt_ids.empty())
       return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
-    if (auto echo = rd.boolean("echo"); echo && *echo)
-      return {std::nullopt, bad("'echo' is not supported", "echo")};
+    if (auto echo = rd.boolean("echo")) r.echo = *echo;
+    if (auto f = rd.integer("prompt_logprobs_from", 1, std::numeric_limits<int32_t>::max()))
+      r.prompt_logprobs_from = *f;
+    if (auto t = rd.boolean("return_tokens_as_token_ids")) r.tokens_as_ids = *t;
+    if (rd.err) return {std::nullopt, *rd.err};
     if (auto s = rd.string("suffix"); s && !s->empty())
       return {std::nullopt, bad("'suffix' is not supported", "suffix")};
     rd.integer("best_of", 1, 1);
@@ -269,10 +272,12 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
   }
 
   constexpr int64_t kMaxTokens = int64_t(1) << 30;
-  auto mt = rd.integer("max_tokens", 1, kMaxTokens);
-  auto mct = rd.integer("max_completion_tokens", 1, kMaxTokens);
+  // 0 only with echo: the prompt is scored and nothing generated.
+  auto mt = rd.integer("max_tokens", r.echo ? 0 : 1, kMaxTokens);
+  auto mct = rd.integer("max_completion_tokens", r.echo ? 0 : 1, kMaxTokens);
   if (mct) mt = mct;
-  if (mt) r.max_tokens = int32_t(*mt);
+  if (mt && *mt == 0) r.prompt_only = true;
+  else if (mt) r.max_tokens = int32_t(*mt);
   if (auto n = rd.integer("n", 1, 1024); n && *n != 1 && !rd.err)
     rd.err = bad("only n = 1 is supported, got " + std::to_string(*n), "n");
   if (auto t = rd.number("temperature", 0, 2))
@@ -312,11 +317,15 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
         rd.err = bad("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
       r.top_logprobs = int32_t(*t);
     }
-  } else if (auto l = rd.integer("logprobs", 0, 5)) {
+  } else if (auto l = rd.integer("logprobs", 0, std::max(max_logprobs, 0))) {
     r.logprobs = true;
     r.top_logprobs = int32_t(*l);
+    if (r.top_logprobs > kMaxTopLogprobs && !r.prompt_only && !rd.err)
+      rd.err = bad("'logprobs' above " + std::to_string(kMaxTopLogprobs) +
+                       " is only for prompt tokens ('echo' with 'max_tokens' 0)",
+                   "logprobs");
   }
-  r.sampling.top_logprobs = r.top_logprobs;
+  r.sampling.top_logprobs = std::min(r.top_logprobs, kMaxTopLogprobs);
   if (const json* st = rd.field("stop"); st && !rd.err) {
     auto add = [&](const json& s) {
       if (!s.is_string()) {
@@ -356,6 +365,45 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
   return out;
 }
 
+TokenizeOutcome tokenize_request(std::string_view body, const std::string& model_name,
+                                 const Tokenizer& tok, int64_t max_model_len) {
+  TokenizeOutcome out;
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    out.error = bad(std::string("the request body is not valid JSON: ") + e.what());
+    return out;
+  }
+  if (!j.is_object()) {
+    out.error = bad("the request body must be a JSON object");
+    return out;
+  }
+  Reader rd{j, std::nullopt};
+  auto model = rd.string("model");
+  auto prompt = rd.string("prompt");
+  auto special = rd.boolean("add_special_tokens");
+  // Not vLLM's: false reads special-token text ("<|im_end|>") as plain text.
+  auto parse_special = rd.boolean("parse_special");
+  if (rd.err) {
+    out.error = *rd.err;
+    return out;
+  }
+  if (model && *model != model_name) {
+    out.error = bad("the model '" + *model + "' does not exist; this server serves '" + model_name +
+                        "'",
+                    "model", 404, "model_not_found");
+    return out;
+  }
+  if (!prompt) {
+    out.error = bad("'prompt' is required and must be a string", "prompt");
+    return out;
+  }
+  const auto ids = tok.encode(*prompt, special.value_or(true), parse_special.value_or(true));
+  out.response = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_model_len}};
+  return out;
+}
+
 nlohmann::json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
@@ -389,10 +437,15 @@ nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobTe
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const auto& t : tokens) {
     toks.push_back(t.token);
-    lps.push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [s, lp] : t.top) top[s] = lp;
-    tops.push_back(top);
+    if (t.has_logprob) {
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [s, lp] : t.top) top[s] = lp;
+      tops.push_back(top);
+    } else {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    }
     offs.push_back(text_offset);
     text_offset += int64_t(t.token.size());
   }

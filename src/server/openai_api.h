@@ -2,7 +2,8 @@
 // /v1/chat/completions and /v1/completions parsed and checked into a
 // ParsedRequest (or an ApiError naming the field, with its HTTP status), and
 // the JSON of responses, stream chunks and error objects. Pure functions over
-// strings and JSON: no sockets, no engine calls, no tokenization.
+// strings and JSON: no sockets and no engine calls (/tokenize is given the
+// tokenizer).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,18 @@ struct ParsedRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   std::string user;
+  // Completions only. echo: the prompt comes back before the completion,
+  // with its tokens' logprobs when `logprobs` is set (the first token has
+  // none); max_tokens 0 is then allowed and generates nothing.
+  bool echo = false;
+  bool prompt_only = false;  // echo with max_tokens 0
+  // Not OpenAI's: the first prompt token whose logprob is computed (default
+  // 1); tokens before it are echoed with null logprobs and may come from the
+  // prefix cache, which makes scoring a continuation after a long shared
+  // context cheap.
+  int64_t prompt_logprobs_from = 1;
+  // vLLM's: tokens in logprobs are written "token_id:<id>" instead of text.
+  bool tokens_as_ids = false;
 };
 
 // Parses and checks a request body; `model_name` is the one model served.
@@ -51,12 +64,27 @@ struct ParseOutcome {
   std::optional<ParsedRequest> request;
   ApiError error;
 };
-ParseOutcome parse_request(Endpoint endpoint, std::string_view body, const std::string& model_name);
+// `max_logprobs`: the most alternatives per token a request may ask for
+// (completions' `logprobs`; more than kMaxTopLogprobs only for the prompt's
+// tokens, with echo and max_tokens 0).
+ParseOutcome parse_request(Endpoint endpoint, std::string_view body, const std::string& model_name,
+                           int32_t max_logprobs = kMaxTopLogprobs);
+
+// POST /tokenize (vLLM's form): {"prompt": text, "add_special_tokens": true,
+// "model": optional, "parse_special": true (kvant's)} -> {"tokens": [...], "count": n, "max_model_len": ctx}.
+// `error.message` is empty on success.
+struct TokenizeOutcome {
+  nlohmann::json response;
+  ApiError error;
+};
+TokenizeOutcome tokenize_request(std::string_view body, const std::string& model_name,
+                                 const Tokenizer& tok, int64_t max_model_len);
 
 // One generated token's logprobs, as text, for the response.
 struct TokenLogprobText {
   std::string token;  // the token's bytes (may be part of a UTF-8 character)
   float logprob = 0;
+  bool has_logprob = true;  // false: an echoed prompt token without one (null)
   std::vector<std::pair<std::string, float>> top;
 };
 

@@ -1,6 +1,6 @@
 // kvant's OpenAI-compatible HTTP server: /v1/chat/completions,
-// /v1/completions (plain and SSE streaming), /v1/models, /health and
-// /metrics (Prometheus text), over Boost.Beast on one Asio I/O thread, with
+// /v1/completions (plain and SSE streaming; `echo` with prompt logprobs),
+// /v1/models, /tokenize, /health and /metrics (Prometheus text), over Boost.Beast on one Asio I/O thread, with
 // the engine driven by a loop thread of its own. It owns HTTP, the OpenAI
 // wire format, admission (API key, body limit, waiting-queue limit), client
 // disconnects (the request is cancelled) and graceful shutdown on SIGTERM /
@@ -29,7 +29,9 @@ struct ServerOptions {
   int port = 8080;
   std::string api_key;                 // empty: no authentication
   std::string model_name;              // the id /v1/models lists and requests must name
-  int64_t max_body_bytes = 1 << 20;    // larger request bodies get 413
+  int64_t max_body_bytes = 32 << 20;   // larger request bodies get 413
+  // Completions' `logprobs` at most (above kMaxTopLogprobs: prompt tokens only).
+  int32_t max_logprobs = kMaxTopLogprobs;
   int64_t max_waiting = 1024;          // queued (not yet running) requests before 429
   double shutdown_grace_seconds = 30;  // in-flight requests get this long after SIGTERM
   ChatRenderer render_chat;            // required for /v1/chat/completions
