@@ -93,7 +93,10 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {chat({{"model", "other"}}), 404, "model"},
       {chat({{"messages", json::array()}}), 400, "messages"},
       {comp({{"prompt", {"a", "b"}}}), 400, "prompt"},
-      {comp({{"logprobs", 9}}), 400, "logprobs"},
+      {comp({{"logprobs", 21}}), 400, "logprobs"},
+      {comp({{"max_tokens", 0}}), 400, "max_tokens"},  // 0 only with echo
+      {comp({{"echo", "yes"}}), 400, "echo"},
+      {comp({{"echo", true}, {"prompt_logprobs_from", 0}}), 400, "prompt_logprobs_from"},
   };
   for (const auto& c : cases) {
     ASSERT_FALSE(c.got.request) << c.param;
@@ -108,10 +111,46 @@ TEST(OpenAiApi, ErrorsNameTheField) {
               j["error"].contains("param") && j["error"].contains("code"));
 }
 
+TEST(OpenAiApi, EchoAndPromptLogprobs) {
+  auto r = comp({{"echo", true},
+                 {"max_tokens", 0},
+                 {"logprobs", 3},
+                 {"prompt_logprobs_from", 7},
+                 {"return_tokens_as_token_ids", true}});
+  ASSERT_TRUE(r.request) << r.error.message;
+  EXPECT_TRUE(r.request->echo);
+  EXPECT_TRUE(r.request->prompt_only);
+  EXPECT_EQ(r.request->top_logprobs, 3);
+  EXPECT_EQ(r.request->prompt_logprobs_from, 7);
+  EXPECT_TRUE(r.request->tokens_as_ids);
+  // More than 20 alternatives: only for prompt tokens, up to the server's limit.
+  json body = {{"model", kModel}, {"prompt", "hi"}, {"echo", true}, {"logprobs", 64}};
+  auto gen = parse_request(Endpoint::Completion, body.dump(), kModel, 64);
+  ASSERT_FALSE(gen.request);
+  EXPECT_EQ(gen.error.param, "logprobs");
+  body["max_tokens"] = 0;
+  auto score = parse_request(Endpoint::Completion, body.dump(), kModel, 64);
+  ASSERT_TRUE(score.request) << score.error.message;
+  EXPECT_EQ(score.request->top_logprobs, 64);
+  EXPECT_EQ(score.request->sampling.top_logprobs, kMaxTopLogprobs);
+  auto over = parse_request(Endpoint::Completion, body.dump(), kModel, 32);
+  ASSERT_FALSE(over.request);
+  EXPECT_EQ(over.error.param, "logprobs");
+  // An echoed first token has no logprob: null, as OpenAI writes it.
+  TokenLogprobText first{"The", 0.f, true, {}};
+  first.has_logprob = false;
+  std::vector<TokenLogprobText> lps = {first, {" cat", -1.5f, true, {{" cat", -1.5f}}}};
+  auto j = logprobs_json(Endpoint::Completion, lps, 0);
+  EXPECT_TRUE(j["token_logprobs"][0].is_null());
+  EXPECT_TRUE(j["top_logprobs"][0].is_null());
+  EXPECT_EQ(j["token_logprobs"][1], -1.5f);
+  EXPECT_EQ(j["text_offset"][1], 3);
+}
+
 TEST(OpenAiApi, ResponsesAndChunks) {
   ResponseMeta meta{"chatcmpl-1", 5, "m"};
   Usage u{10, 3, 4};
-  std::vector<TokenLogprobText> lps = {{"a", -0.5f, {{"a", -0.5f}, {"b", -1.f}}}};
+  std::vector<TokenLogprobText> lps = {{"a", -0.5f, true, {{"a", -0.5f}, {"b", -1.f}}}};
   auto full = full_response(Endpoint::Chat, meta, "hey", &lps, "error", "page changed", u);
   EXPECT_EQ(full["object"], "chat.completion");
   EXPECT_EQ(full["choices"][0]["message"]["content"], "hey");

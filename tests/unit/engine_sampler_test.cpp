@@ -495,6 +495,36 @@ TEST(LogprobsTopN, MatchesDirectLogSoftmax) {
   expect_logprobs(far, 42, 3, 1e-4);
 }
 
+// Prompt positions: any number of alternatives (insertion up to 64, a
+// partial sort above), stored per position.
+TEST(LogprobsTopN, PromptPositionsAnyCount) {
+  const auto l = make_logits(1000, 21);
+  std::vector<float> scratch(l.size());
+  std::vector<double> ref;
+  log_softmax(l, ref);
+  std::vector<int32_t> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+  for (int32_t n : {0, 1, 64, 65, 300, 1000, 5000}) {
+    PromptLogprobs p;
+    p.reset(/*first_pos=*/5, /*count=*/3, n);
+    EXPECT_FALSE(p.complete());
+    for (int64_t pos = 5; pos < 8; ++pos) p.record(pos, l, int32_t(pos * 7), scratch);
+    EXPECT_TRUE(p.complete());
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(p.chosen[size_t(i)].token, int32_t((i + 5) * 7));
+      EXPECT_NEAR(p.chosen[size_t(i)].logprob, ref[size_t((i + 5) * 7)], 2e-5);
+      const auto top = p.top_at(i);
+      ASSERT_EQ(int32_t(top.size()), std::min<int32_t>(n, 1000)) << n;
+      for (size_t j = 0; j < top.size(); ++j) {
+        ASSERT_EQ(top[j].token, order[j]) << "n " << n << " rank " << j;
+        EXPECT_NEAR(top[j].logprob, ref[size_t(order[j])], 2e-5);
+      }
+    }
+  }
+}
+
 // The sampler reports the penalised logits' log-softmax at temperature 1,
 // whatever the temperature and truncation used to draw.
 TEST(LogprobsSampler, PenalisedLogitsBeforeTemperature) {

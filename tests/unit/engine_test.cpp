@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -646,4 +647,129 @@ TEST(Engine, ModelPageWritesMatchTheKvCacheCodec) {
       ASSERT_EQ(a, b) << kv_dtype_name(d) << " row " << row;
     }
   }
+}
+
+TEST(Engine, PromptLogprobsMatchTheModelAndSkipOnlyWhatTheyMay) {
+  // Log-probabilities of a prompt's own tokens (echo with logprobs): the same
+  // as log-softmax over the model's all-position logits, through chunked
+  // prefill, with a prefix-cache hit capped before prompt_logprobs_from, and
+  // with or without generation after them.
+  auto m = Model::load(tiny("llama3"));
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  Model& model = **m;
+  const int64_t V = model.config().vocab;
+  const auto prompt = random_prompts(1, 45, 45, int32_t(V), 11)[0];
+  const int64_t n = int64_t(prompt.size());
+  SeqKv kv(model.config(), 128);
+  std::vector<float> logits(size_t(n * V));
+  Batch b;
+  b.tokens = prompt;
+  b.seqs.push_back({&kv, 0, n, true});
+  ASSERT_TRUE(model.forward(b, logits).ok());
+  std::vector<std::vector<double>> ref(static_cast<size_t>(n));  // ref[p]: log-softmax predicting prompt[p]
+  for (int64_t p = 1; p < n; ++p)
+    log_softmax(std::span<const float>(logits.data() + (p - 1) * V, size_t(V)), ref[size_t(p)]);
+
+  EngineOptions o = tiny_options("llama3");
+  o.max_step_tokens = 16;  // prefill in chunks of 16
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  Engine& eng = **e;
+
+  struct Got {
+    PromptLogprobs plp;
+    int with_plp = 0, events = 0;
+    std::vector<int32_t> tokens;
+    FinishReason finish = FinishReason::None;
+    int64_t cached = -1, completion = -1;
+  };
+  auto request = [&](int64_t from, int top, bool prompt_only, int gen, Got* g) {
+    Request r;
+    r.prompt = prompt;
+    r.prompt_logprobs = top;
+    r.prompt_logprobs_from = from;
+    r.prompt_only = prompt_only;
+    r.stop.max_tokens = gen;
+    r.stop.ignore_eos = true;
+    r.on_event = [g](const RequestEvent& ev) {
+      ++g->events;
+      if (ev.prompt_logprobs) {
+        g->plp = *ev.prompt_logprobs;
+        ++g->with_plp;
+        EXPECT_EQ(g->events, 1) << "prompt logprobs come with the first event";
+      }
+      if (ev.token >= 0) g->tokens.push_back(ev.token);
+      if (ev.finish != FinishReason::None) {
+        g->finish = ev.finish;
+        g->cached = ev.cached_tokens;
+        g->completion = ev.completion_tokens;
+      }
+    };
+    return r;
+  };
+  auto check = [&](const Got& g, int64_t from, int top, const char* what) {
+    ASSERT_EQ(g.with_plp, 1) << what;
+    ASSERT_EQ(g.plp.first, from) << what;
+    ASSERT_EQ(g.plp.size(), n - from) << what;
+    for (int64_t p = from; p < n; ++p) {
+      const int64_t i = p - from;
+      const auto& r = ref[size_t(p)];
+      EXPECT_EQ(g.plp.chosen[size_t(i)].token, prompt[size_t(p)]);
+      EXPECT_NEAR(g.plp.chosen[size_t(i)].logprob, r[size_t(prompt[size_t(p)])], 2e-3)
+          << what << " position " << p;
+      const auto top_at = g.plp.top_at(i);
+      ASSERT_EQ(int(top_at.size()), top) << what;
+      for (size_t k = 0; k < top_at.size(); ++k) {
+        EXPECT_NEAR(top_at[k].logprob, r[size_t(top_at[k].token)], 2e-3) << what;
+        if (k > 0) {
+          EXPECT_GE(top_at[k - 1].logprob, top_at[k].logprob) << what;
+        }
+      }
+      // The listed tokens are the most likely ones (up to near-ties).
+      std::vector<double> sorted = r;
+      std::sort(sorted.rbegin(), sorted.rend());
+      if (top > 0) {
+        EXPECT_NEAR(top_at[0].logprob, sorted[0], 2e-3) << what;
+      }
+    }
+  };
+
+  // Prompt only, every position, 5 alternatives: nothing generated.
+  Got a;
+  ASSERT_TRUE(eng.submit(request(1, 5, true, 0, &a)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  check(a, 1, 5, "prompt only");
+  EXPECT_TRUE(a.tokens.empty());
+  EXPECT_EQ(a.finish, FinishReason::Length);
+  EXPECT_EQ(a.completion, 0);
+  EXPECT_EQ(a.events, 1);
+
+  // The same prompt again, scored from position 37: the prefix cache may
+  // serve full pages up to position 36 (two pages of 16), never beyond.
+  Got c;
+  ASSERT_TRUE(eng.submit(request(37, 0, true, 0, &c)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  check(c, 37, 0, "from 37 after a cache fill");
+  EXPECT_EQ(c.cached, 32);
+
+  // With generation: the prompt's logprobs arrive with the first token, and
+  // the tokens are the greedy ones.
+  Got d;
+  ASSERT_TRUE(eng.submit(request(20, 2, false, 4, &d)).ok());
+  Outcome plain;
+  ASSERT_TRUE(eng.submit(greedy_request(prompt, 4, &plain)).ok());
+  ASSERT_TRUE(eng.run_until_idle().ok());
+  check(d, 20, 2, "with generation");
+  EXPECT_EQ(d.tokens, plain.tokens);
+  EXPECT_EQ(d.finish, FinishReason::Length);
+
+  // Bad values fail alone, naming the field.
+  Got bad;
+  auto r1 = eng.submit(request(0, 1, true, 0, &bad));
+  ASSERT_FALSE(r1.ok());
+  EXPECT_NE(r1.error().message.find("prompt_logprobs_from"), std::string::npos);
+  auto r2 = eng.submit(request(1, int(V) + 1, true, 0, &bad));
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.error().message.find("prompt_logprobs"), std::string::npos);
+  EXPECT_EQ(eng.pool().used_pages(), eng.stats().kv_pages_used);
 }
