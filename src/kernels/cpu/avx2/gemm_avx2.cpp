@@ -107,8 +107,12 @@ inline void fma_6x1(__m256* acc, const uint32_t* w, const float* x, int64_t kc) 
       "vpcmpeqd %%ymm15, %%ymm15, %%ymm15\n\t"
       "vpslld $16, %%ymm15, %%ymm15\n\t"  // 0xffff0000 keeps the odd-k half
       "1:\n\t"
-      "vpslld $16, 0(%[w]), %%ymm12\n\t"
-      "vpslld $16, 32(%[w]), %%ymm13\n\t"
+      // VPSLLD with a memory source exists only as an EVEX (AVX-512VL)
+      // encoding, so the weights are loaded first and shifted in registers.
+      "vmovdqu 0(%[w]), %%ymm12\n\t"
+      "vmovdqu 32(%[w]), %%ymm13\n\t"
+      "vpslld $16, %%ymm12, %%ymm12\n\t"
+      "vpslld $16, %%ymm13, %%ymm13\n\t"
       "vbroadcastss 0(%[x]), %%ymm14\n\t"
       "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"
       "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"
