@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/http_client.h"
 
 namespace kvant::cli {
 namespace {
@@ -47,26 +48,7 @@ struct ServeBenchOpts {
   std::string plot;                       // PNG, through bench/plot_serve.py
 };
 
-struct Target {
-  std::string host, port, prefix;
-};
-
-bool parse_url(const std::string& url, Target& t) {
-  std::string u = url;
-  if (u.rfind("http://", 0) == 0)
-    u = u.substr(7);
-  else if (u.find("://") != std::string::npos)
-    return false;
-  const auto slash = u.find('/');
-  std::string hostport = u.substr(0, slash);
-  t.prefix = slash == std::string::npos ? "" : u.substr(slash);
-  while (!t.prefix.empty() && t.prefix.back() == '/') t.prefix.pop_back();
-  if (t.prefix.size() >= 3 && t.prefix.ends_with("/v1")) t.prefix.resize(t.prefix.size() - 3);
-  const auto colon = hostport.rfind(':');
-  t.host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
-  t.port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
-  return !t.host.empty();
-}
+using Target = HttpTarget;
 
 struct Sample {
   bool ok = false;
@@ -172,21 +154,6 @@ json percentiles_ms(std::vector<double> v) {
       {"mean", 1e3 * sum / double(v.size())}, {"p50", q(0.5)}, {"p95", q(0.95)}, {"p99", q(0.99)}};
 }
 
-std::string first_model(const Target& t, const ServeBenchOpts& o) {
-  asio::io_context ioc;
-  tcp::resolver res(ioc);
-  tcp::socket sock(ioc);
-  asio::connect(sock, res.resolve(t.host, t.port));
-  http::request<http::empty_body> req{http::verb::get, t.prefix + "/v1/models", 11};
-  req.set(http::field::host, t.host);
-  if (!o.api_key.empty()) req.set(http::field::authorization, "Bearer " + o.api_key);
-  http::write(sock, req);
-  beast::flat_buffer buf;
-  http::response<http::string_body> r;
-  http::read(sock, buf, r);
-  return json::parse(r.body())["data"][0]["id"].get<std::string>();
-}
-
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvant: %s\n", msg.c_str());
   return 1;
@@ -194,7 +161,7 @@ int fail(const std::string& msg) {
 
 int run_bench_serve(const ServeBenchOpts& o) {
   Target t;
-  if (!parse_url(o.url, t)) return fail("--url must look like http://HOST:PORT, got " + o.url);
+  if (!parse_http_url(o.url, t)) return fail("--url must look like http://HOST:PORT, got " + o.url);
   std::vector<int> concs;
   for (size_t a = 0; a <= o.concurrency.size();) {
     size_t b = o.concurrency.find(',', a);
@@ -209,11 +176,9 @@ int run_bench_serve(const ServeBenchOpts& o) {
   }
   std::string model = o.model;
   if (model.empty()) {
-    try {
-      model = first_model(t, o);
-    } catch (const std::exception& e) {
-      return fail("cannot list models at " + o.url + ": " + e.what());
-    }
+    auto m = first_served_model(t, o.api_key);
+    if (!m) return fail("cannot list models at " + o.url + ": " + m.error().message);
+    model = *m;
   }
   json runs = json::array();
   int failures = 0;

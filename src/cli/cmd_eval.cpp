@@ -12,13 +12,7 @@
 // stdout); an interrupted run resumes from <out>.partial.jsonl.
 // `kvant eval compare A.json B.json`: the differences and their intervals.
 #include <algorithm>
-// clang-format off
-#include <utility>  // before Asio: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
-// clang-format on
 #include <atomic>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +29,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "cli/http_client.h"
 #include "core/threads.h"
 #include "engine/engine.h"
 #include "engine/logprobs.h"
@@ -50,9 +45,6 @@ namespace {
 
 using nlohmann::json;
 using namespace kvant::eval;
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
 using Clock = std::chrono::steady_clock;
 
 int fail(const std::string& msg) {
@@ -137,56 +129,7 @@ class Progress {
   Clock::time_point t0_ = Clock::now(), last_{};
 };
 
-// ---- server client --------------------------------------------------------
-
-struct Target {
-  std::string host, port, prefix;
-};
-
-bool parse_url(const std::string& url, Target& t) {
-  std::string u = url;
-  if (u.rfind("http://", 0) == 0)
-    u = u.substr(7);
-  else if (u.find("://") != std::string::npos)
-    return false;
-  const auto slash = u.find('/');
-  const std::string hostport = u.substr(0, slash);
-  t.prefix = slash == std::string::npos ? "" : u.substr(slash);
-  while (!t.prefix.empty() && t.prefix.back() == '/') t.prefix.pop_back();
-  if (t.prefix.ends_with("/v1")) t.prefix.resize(t.prefix.size() - 3);
-  const auto colon = hostport.rfind(':');
-  t.host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
-  t.port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
-  return !t.host.empty();
-}
-
-Result<json> http_json(const Target& t, const std::string& key, http::verb verb,
-                       const std::string& path, const json* body) {
-  try {
-    asio::io_context ioc;
-    asio::ip::tcp::resolver res(ioc);
-    asio::ip::tcp::socket sock(ioc);
-    asio::connect(sock, res.resolve(t.host, t.port));
-    http::request<http::string_body> req{verb, t.prefix + path, 11};
-    req.set(http::field::host, t.host);
-    req.set(http::field::content_type, "application/json");
-    if (!key.empty()) req.set(http::field::authorization, "Bearer " + key);
-    if (body) req.body() = body->dump();
-    req.prepare_payload();
-    http::write(sock, req);
-    beast::flat_buffer buf;
-    http::response_parser<http::string_body> p;
-    p.body_limit(boost::none);
-    http::read(sock, buf, p);
-    const auto& r = p.get();
-    if (r.result() != http::status::ok)
-      return make_error("server: HTTP " + std::to_string(r.result_int()) + " on " + path + ": " +
-                        r.body().substr(0, 300));
-    return json::parse(r.body());
-  } catch (const std::exception& e) {
-    return make_error("server " + t.host + ":" + t.port + ": " + e.what());
-  }
-}
+using Target = HttpTarget;
 
 // ---- the run --------------------------------------------------------------
 
@@ -247,7 +190,7 @@ Result<std::vector<int32_t>> server_tokenize(const Ctx& c, const std::string& te
                {"prompt", text},
                {"add_special_tokens", add_special},
                {"parse_special", false}};
-  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/tokenize", &body);
+  auto r = http_json(c.target, c.o.api_key, "/tokenize", &body);
   if (!r)
     return make_error(r.error().message +
                       " (scoring over --url needs the server's /tokenize, which kvant serve and "
@@ -286,7 +229,7 @@ Result<std::vector<ServerPosition>> server_prompt_logprobs(const Ctx& c,
                {"max_tokens", 0},         {"echo", true},
                {"logprobs", top_n},       {"temperature", 0},
                {"prompt_logprobs_from", from}, {"return_tokens_as_token_ids", true}};
-  auto r = http_json(c.target, c.o.api_key, http::verb::post, "/v1/completions", &body);
+  auto r = http_json(c.target, c.o.api_key, "/v1/completions", &body);
   if (!r) {
     std::string m = r.error().message;
     if (top_n > kMaxTopLogprobs && m.find("logprobs") != std::string::npos)
@@ -620,7 +563,7 @@ Result<json> run_gsm8k(Ctx& c) {
                        {"max_tokens", o.max_gen},
                        {"temperature", 0},
                        {"stop", gsm8k_stop()}};
-          auto r = http_json(c.target, o.api_key, http::verb::post, "/v1/completions", &body);
+          auto r = http_json(c.target, o.api_key, "/v1/completions", &body);
           std::lock_guard<std::mutex> lk(mu);
           if (!r) {
             err = r.error();
@@ -1161,16 +1104,12 @@ int run_eval(const Opts& o) {
   if (!data) return fail(data.error().message);
   Ctx c(o, std::move(*data));
   if (!o.url.empty()) {
-    if (!parse_url(o.url, c.target)) return fail("eval: cannot parse --url " + o.url);
+    if (!parse_http_url(o.url, c.target)) return fail("eval: cannot parse --url " + o.url);
     c.served_model = o.served_model;
     if (c.served_model.empty()) {
-      auto m = http_json(c.target, o.api_key, http::verb::get, "/v1/models", nullptr);
+      auto m = first_served_model(c.target, o.api_key);
       if (!m) return fail(m.error().message);
-      try {
-        c.served_model = m->at("data").at(0).at("id").get<std::string>();
-      } catch (...) {
-        return fail("eval: the server lists no model at /v1/models");
-      }
+      c.served_model = *m;
     }
   }
   json fp = run_config(o);
