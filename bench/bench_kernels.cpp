@@ -270,11 +270,11 @@ void bm_stream(benchmark::State& state, StreamOp op, int threads) {
 // 64, GQA groups of 3, 4,096 tokens in pages of 16; one iteration is one
 // token's attention over every layer and KV head (about 94 MB of BF16 KV, so
 // it streams from DRAM). FP8 uses dynamic per-(token, head) scales.
-void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::kernels::KvElem elem,
+void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType elem,
                    bool dynamic_scales) {
   constexpr int64_t kLayers = 30, kKvHeads = 3, kHd = 64, kGroup = 3, kTokens = 4096, kPage = 16;
   constexpr int64_t kPages = kTokens / kPage;
-  const int64_t eb = elem == kvant::kernels::KvElem::kBf16 ? 2 : 1;
+  const int64_t eb = elem == kvant::KvDType::kBf16 ? 2 : 1;
   const bool fp8 = eb == 1, dyn = fp8 && dynamic_scales;
   // Dynamic scales: BF16, [page_tokens, kv_heads] per block, padded to 64 bytes.
   const int64_t block = kPage * kKvHeads * kHd * eb, sblock = dyn ? (kPage * kKvHeads * 2 + 63) / 64 * 64 : 0;
@@ -350,15 +350,15 @@ void register_all() {
     }
   // FP8 with dynamic (per-token) scales, as the KV cache writes them, and static ones.
   struct PagedCase {
-    kvant::kernels::KvElem elem;
+    kvant::KvDType elem;
     bool dynamic_scales;
     const char* name;
   };
-  const PagedCase paged[] = {{kvant::kernels::KvElem::kBf16, false, "bf16"},
-                             {kvant::kernels::KvElem::kFp8E4m3, true, "fp8_e4m3"},
-                             {kvant::kernels::KvElem::kFp8E4m3, false, "fp8_e4m3_static"},
-                             {kvant::kernels::KvElem::kFp8E5m2, true, "fp8_e5m2"},
-                             {kvant::kernels::KvElem::kFp8E5m2, false, "fp8_e5m2_static"}};
+  const PagedCase paged[] = {{kvant::KvDType::kBf16, false, "bf16"},
+                             {kvant::KvDType::kFp8E4m3, true, "fp8_e4m3"},
+                             {kvant::KvDType::kFp8E4m3, false, "fp8_e4m3_static"},
+                             {kvant::KvDType::kFp8E5m2, true, "fp8_e5m2"},
+                             {kvant::KvDType::kFp8E5m2, false, "fp8_e5m2_static"}};
   for (const KernelTable* t : tables)
     for (const PagedCase& c : paged) {
       const std::string name =

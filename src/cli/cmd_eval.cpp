@@ -332,8 +332,8 @@ Result<void> ensure_local_model(Ctx& c) {
   const ModelConfig& mc = c.model->config();
   SeqKvOptions kv;
   if (eo->kv_dtype != KvDType::kBf16) {
-    kv.elem = eo->kv_dtype == KvDType::kFp8E4m3 ? kernels::KvElem::kFp8E4m3
-                                                : kernels::KvElem::kFp8E5m2;
+    kv.elem = eo->kv_dtype == KvDType::kFp8E4m3 ? KvDType::kFp8E4m3
+                                                : KvDType::kFp8E5m2;
     if (eo->kv_scale_mode == KvScaleMode::kDynamic) {
       kv.dynamic_scales = true;
     } else {

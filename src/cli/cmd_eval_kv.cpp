@@ -108,8 +108,8 @@ int run_eval(const EvalOpts& o) {
   if (!scales) return fail(scales.error().message);
 
   std::vector<Mode> modes;
-  for (auto [name, elem, mf] : {std::tuple{"fp8_e4m3", kernels::KvElem::kFp8E4m3, 448.f},
-                                std::tuple{"fp8_e5m2", kernels::KvElem::kFp8E5m2, 57344.f}}) {
+  for (auto [name, elem, mf] : {std::tuple{"fp8_e4m3", KvDType::kFp8E4m3, 448.f},
+                                std::tuple{"fp8_e5m2", KvDType::kFp8E5m2, 57344.f}}) {
     Mode st;
     st.name = std::string(name) + "/static";
     st.kv.elem = elem;

@@ -14,10 +14,9 @@ inline void set_num_threads(int n) {
 inline int num_threads() { return omp_get_max_threads(); }
 
 // Calls fn(begin, end) on contiguous slices of [0, n), each a multiple of
-// `grain` (except the last), one slice per thread.
+// `grain` (except the last), one slice per thread of `nt`.
 template <class Fn>
-void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
-  const int nt = num_threads();
+void parallel_for_n(int nt, int64_t n, int64_t grain, Fn&& fn) {
   const int64_t blocks = (n + grain - 1) / grain;
   if (nt <= 1 || blocks <= 1) {
     fn(int64_t(0), n);
@@ -31,6 +30,12 @@ void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
     const int64_t begin = b0 * grain, end = b1 * grain < n ? b1 * grain : n;
     if (begin < end) fn(begin, end);
   }
+}
+
+// The same over the process's thread count.
+template <class Fn>
+void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
+  parallel_for_n(num_threads(), n, grain, fn);
 }
 
 }  // namespace kvant

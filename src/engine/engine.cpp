@@ -45,18 +45,6 @@ int64_t mem_available_bytes() {
   return 0;
 }
 
-kernels::KvElem elem_of(KvDType d) {
-  switch (d) {
-    case KvDType::kBf16:
-      return kernels::KvElem::kBf16;
-    case KvDType::kFp8E4m3:
-      return kernels::KvElem::kFp8E4m3;
-    case KvDType::kFp8E5m2:
-      return kernels::KvElem::kFp8E5m2;
-  }
-  return kernels::KvElem::kBf16;
-}
-
 // The chat template of a Hugging Face directory (tokenizer_config.json).
 std::string read_hf_chat_template(const std::string& dir) {
   std::ifstream f(std::filesystem::path(dir) / "tokenizer_config.json");
@@ -269,24 +257,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   e->scheduler_ = std::make_unique<Scheduler>(*e->pool_, e->index_.get(), so);
   e->impl_->verifier = std::make_unique<KvVerifier>(*e->pool_);
 
-  const KvLayout& L = e->pool_->layout();
-  KvFormat& f = e->impl_->format;
-  f.elem = elem_of(g.dtype);
-  f.kv_heads = g.kv_heads;
-  f.head_dim = g.head_dim;
-  f.page_tokens = g.page_tokens;
-  f.layer_bytes = L.layer_bytes;
-  f.k_offset = L.k_offset;
-  f.v_offset = L.v_offset;
-  f.dynamic_scales = g.scale_mode == KvScaleMode::kDynamic;
-  f.k_scale_offset = L.k_scale_offset;
-  f.v_scale_offset = L.v_scale_offset;
-  f.index_dim = g.index_dim;
-  f.index_offset = L.index_offset;
-  if (g.scale_mode == KvScaleMode::kStatic) {
-    f.static_k = po.static_k_scales;
-    f.static_v = po.static_v_scales;
-  }
+  e->impl_->format = kv_format(e->pool_->layout(), po.static_k_scales, po.static_v_scales);
 
   KvCapacity& cap = e->capacity_;
   cap.dtype = g.dtype;
@@ -299,6 +270,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   int64_t ctx = c.max_positions > 0 ? c.max_positions : cap.tokens;
   if (o.max_context > 0) ctx = std::min(ctx, o.max_context);
   cap.max_context = std::min(ctx, cap.tokens);
+  // The workspace for the largest step, planned now so that steps allocate nothing.
+  e->model_->reserve(o.max_step_tokens, cap.max_context);
   if (o.log_capacity) std::fprintf(stderr, "kvant: %s\n", describe(cap).c_str());
   if (o.log_capacity) {
     const Model& M = *e->model_;

@@ -9,10 +9,9 @@
 #include <cstdint>
 
 #include "core/result.h"
+#include "numerics/kv_dtype.h"
 
 namespace kvant {
-
-enum class KvDType : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 
 // How FP8 values are scaled (stored code = fp8(x / scale), read value =
 // decode(code) * scale). BF16 pages use kNone.

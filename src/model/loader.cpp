@@ -14,12 +14,11 @@
 #include <functional>
 #include <memory>
 
+#include "backend/backend.h"
 #include "core/threads.h"
 #include "io/compressed_tensors.h"
 #include "io/gguf.h"
-#include "kernels/cpu/kernels.h"
 #include "io/tensor_source.h"
-#include "model/ops.h"
 #include "numerics/bf16.h"
 #include "quant/rtn.h"
 
@@ -84,8 +83,8 @@ struct Names {
 class Loader {
  public:
   Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming, bool int4,
-         const WeightSetOptions& opts)
-      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts) {}
+         const WeightSetOptions& opts, const backend::Backend& be)
+      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts), be_(be) {}
 
   Result<std::vector<float>> f32(const std::string& name, std::vector<int64_t> shape) {
     const TensorRef* t = src_.find(name);
@@ -131,7 +130,7 @@ class Loader {
     for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.first);
     // (A stored INT4 product whose input size the kernels cannot take is
     // dequantized to BF16.)
-    if (!quantize || cols % kernels::kQ4Block != 0) {
+    if (!quantize || cols % kInt4Block != 0) {
       auto r = matrix(parts, cols, transform);
       if (!r) return r.error();
       m = std::move(*r);
@@ -169,12 +168,13 @@ class Loader {
       all.scale.insert(all.scale.end(), w.scale.begin(), w.scale.end());
       all.zero.insert(all.zero.end(), w.zero.begin(), w.zero.end());
     }
-    if (all.group % kernels::kQ4Block != 0 || all.cols % kernels::kQ4Block != 0)
+    if (all.group % kInt4Block != 0 || all.cols % kInt4Block != 0)
       return make_error(src_.path() + ": " + base_of(parts[0].first) + ": INT4 group size " +
                         std::to_string(all.group) + " and input size " + std::to_string(all.cols) +
                         " must be multiples of 32 for the INT4 kernels");
-    m4 = ops::pack_q4(all.q.data(), all.scale.data(), all.zero.empty() ? nullptr : all.zero.data(),
-                      all.rows, all.cols, all.group);
+    m4 = be_.prepare_int4(all.q.data(), all.scale.data(),
+                          all.zero.empty() ? nullptr : all.zero.data(), all.rows, all.cols,
+                          all.group);
     return {};
   }
 
@@ -275,24 +275,18 @@ class Loader {
   }
 
   // FP32 [rows, cols] values as a BF16 matrix in the kernels' layout.
-  static Matrix pack(const float* v, int64_t rows, int64_t cols) {
-    Matrix m;
-    m.rows = rows;
-    m.cols = cols;
+  Matrix pack(const float* v, int64_t rows, int64_t cols) const {
     AlignedBuffer<uint16_t> rowmajor(size_t(rows * cols));
     for (int64_t k = 0; k < rows * cols; ++k) rowmajor[size_t(k)] = f32_to_bf16(v[k]);
-    m.packed = AlignedBuffer<uint16_t>(size_t(kernels::gemm_bf16_packed_size(rows, cols)));
-    kernels::active().pack_bf16(rowmajor.data(), rows, cols, m.packed.data());
-    return m;
+    return be_.prepare_bf16(rowmajor.data(), rows, cols);
   }
 
   // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
   Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
                         const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
-    Matrix m;
-    m.cols = cols;
-    for (auto& p : parts) m.rows += p.second;
-    AlignedBuffer<uint16_t> rowmajor(size_t(m.rows * cols));
+    int64_t rows = 0;
+    for (auto& p : parts) rows += p.second;
+    AlignedBuffer<uint16_t> rowmajor(size_t(rows * cols));
     int64_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       auto v = part_f32(parts[i].first, parts[i].second, cols);
@@ -305,9 +299,7 @@ class Loader {
       });
       row += parts[i].second;
     }
-    m.packed = AlignedBuffer<uint16_t>(size_t(kernels::gemm_bf16_packed_size(m.rows, cols)));
-    kernels::active().pack_bf16(rowmajor.data(), m.rows, cols, m.packed.data());
-    return m;
+    return be_.prepare_bf16(rowmajor.data(), rows, cols);
   }
 
   Result<ModelWeights> load() {
@@ -420,6 +412,7 @@ class Loader {
   Names names_;
   bool int4_ = false;
   WeightSetOptions opts_;
+  const backend::Backend& be_;
 };
 
 }  // namespace
@@ -464,7 +457,9 @@ Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& 
   if (!src) return src.error();
   const bool int4 = opts.precision == WeightPrecision::kInt4 ||
                     (opts.precision == WeightPrecision::kNative && checkpoint_is_int4(path));
-  Loader l(**src, m.config, naming, int4, opts);
+  std::unique_ptr<backend::Backend> own;
+  if (!opts.backend) own = backend::make_cpu_backend();
+  Loader l(**src, m.config, naming, int4, opts, opts.backend ? *opts.backend : *own);
   auto w = l.load();
   if (!w) return w.error();
   m.weights = std::move(*w);

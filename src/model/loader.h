@@ -10,6 +10,9 @@
 #include "model/weights.h"
 
 namespace kvant {
+namespace backend {
+class Backend;
+}
 
 // Which form the linear layers of a weight set take. kNative: the
 // checkpoint's own (INT4 where it holds compressed-tensors W4A16 weights,
@@ -23,6 +26,8 @@ struct WeightSetOptions {
   // this group size; layers whose input size it does not divide stay BF16.
   int int4_group = 128;
   bool int4_lm_head = false;  // also quantize the output projection
+  // Prepares the products (the CPU backend when null).
+  const backend::Backend* backend = nullptr;
 };
 
 struct LoadedModel {

@@ -1,11 +1,14 @@
 // Model: a loaded decoder and its forward pass over a batch of sequence
-// chunks. Tokens of every sequence in the batch go through each matrix
-// product together; attention runs per sequence against that sequence's KV.
-// Each chunk's new K/V rows are written into its pages (kv_view.h) in the
-// page dtype. Attention: a single-token chunk reads its pages directly
-// (paged_attn_decode, FP8 decoded in registers); a longer chunk (prefill)
-// runs in BF16 over its earlier pages gathered and its own fresh rows. The
-// model does not schedule, sample, allocate pages or own sequences.
+// chunks, written once over the backend layer (backend/backend.h): the
+// model says what is computed and in which order; its backend computes it.
+// Tokens of every sequence in the batch go through each matrix product
+// together; attention runs per sequence against that sequence's KV. Each
+// chunk's new K/V rows are written into its pages (kvcache/kv_view.h) in the
+// page dtype. Attention: a single-token chunk reads its pages directly (FP8
+// decoded inside the kernel); a longer chunk (prefill) runs in BF16 over its
+// earlier pages gathered and its own fresh rows. The model does not
+// schedule, sample, allocate pages or own sequences. The blocks live in
+// model/blocks/ (attention, mla, moe, mlp, rope).
 #pragma once
 
 #include <cstdint>
@@ -18,9 +21,9 @@
 #include "core/aligned.h"
 #include "core/result.h"
 #include "model/config.h"
-#include "model/kv_view.h"
+#include "backend/backend.h"
 #include "model/loader.h"
-#include "model/ops.h"
+#include "model/seq_kv.h"
 #include "model/weights.h"
 
 namespace kvant {
@@ -58,18 +61,29 @@ class Model {
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              const WeightOptions& opts = {});
   Model(ModelConfig cfg, ModelWeights w);
-  // sets: one or two weight sets; prefill/decode index them.
-  Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, int decode_set);
+  // sets: one or two weight sets; prefill/decode index them. backend: the
+  // one the weights were prepared by (the CPU backend when null).
+  Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, int decode_set,
+        std::unique_ptr<backend::Backend> be = nullptr);
   ~Model();
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return sets_[0]; }
   const ModelWeights& weight_set(int i) const { return sets_[size_t(i)]; }
   int prefill_set() const { return prefill_set_; }
   int decode_set() const { return decode_set_; }
-  // "bf16" or "int4" (or "mixed" when only some products are INT4).
+  // "bf16" or "int4" (or "mixed" when only some products are INT4), over
+  // every linear product of the set (for_each_linear).
   std::string set_precision(int i) const;
-  // Bytes of a set's weights as held in memory.
+  // Bytes of a set's weights as held in memory (every product and the embedding).
   size_t set_bytes(int i) const;
+  const char* backend_name() const { return be_->name(); }
+
+  // Plans the workspace (the model's activations and the backend's scratch)
+  // for steps of up to `tokens` rows attending over up to `context`
+  // positions, so that later steps of that size allocate nothing (the BF16
+  // context rows a prefill gathers grow with the first long prompt). A
+  // larger step still runs: the workspace then grows.
+  void reserve(int64_t tokens, int64_t context);
 
   // Calibration hook (weight quantizers): called with the FP32 input rows
   // of every product before it runs. which: 0 q|k|v, 1 o, 2 gate|up, 3 down.
@@ -82,36 +96,36 @@ class Model {
   Result<void> forward(const Batch& batch, std::span<float> logits);
 
  private:
-  struct Workspace;
-  void ensure_workspace(int64_t tokens, int64_t max_ctx, int64_t max_pages, int64_t gather_rows);
-  void store_kv(int64_t layer, const Batch& b, int64_t T);
-  void gather_kv(int64_t layer, const Batch& b);
-  void layer_forward(int64_t layer, const Batch& b, int64_t T);
-  void moe_forward(int64_t layer);
-  void attention(int64_t layer, const Batch& b, int64_t T);
-  void mla_attention(int64_t layer, const Batch& b, int64_t T);
-  void mla_index(int64_t layer, const Batch& b, int64_t T, int64_t ldx);
-  void rope_tables(const Batch& b, int64_t T);
-
+  struct Workspace;  // model/model_impl.h
   // Rows [t0, t1) of the batch that use weight set `set`.
   struct RowSegment {
     int64_t t0, t1;
     int set;
   };
-  void linear(int64_t layer, int which, const float* x, int64_t ldx, float* y, int64_t ldy);
+  Result<void> plan_step(const Batch& b);
+  void ensure_workspace(int64_t tokens, int64_t ctx, int64_t gather_rows);
+  void layer_forward(int64_t layer);
+  void attention(int64_t layer);           // blocks/attention.cpp
+  void mla_attention(int64_t layer);       // blocks/mla.cpp
+  void mla_index(int64_t layer);           // blocks/dsa_indexer.cpp
+  void moe_forward(int64_t layer);         // blocks/moe.cpp
+  void mlp_forward(int64_t layer);         // blocks/mlp.cpp
+  void rope_tables();                      // blocks/rope.cpp
+  void logits_forward(const Batch& b, std::span<float> logits);
+  const LayerWeights& layer(int set, int64_t l) const { return sets_[size_t(set)].layers[size_t(l)]; }
+  // Product `which` (0 q|k|v, 1 o, 2 gate|up, 3 down) of layer l for every
+  // row, each row segment through its weight set.
+  void linear(int64_t layer, int which, backend::CF32 x, backend::F32 y);
 
   ModelConfig cfg_;
   std::vector<ModelWeights> sets_;
   int prefill_set_ = 0, decode_set_ = 0;
+  std::unique_ptr<backend::Backend> be_;
+  backend::StepPlan plan_;
   std::vector<RowSegment> segs_, logit_segs_;
   LinearObserver observer_;
-  std::vector<float> inv_freq_, inv_freq_local_;  // [head_dim/2]
+  std::vector<float> inv_freq_, inv_freq_local_;  // [rope_dim/2]
   std::unique_ptr<Workspace> ws_;
-  struct GatherPiece {
-    int64_t seq, j0, j1;
-  };
-  std::vector<GatherPiece> gather_pieces_;
-  std::vector<int64_t> chunk_t0_;  // [seqs] first batch token of each chunk
 };
 
 }  // namespace kvant

@@ -1,37 +1,19 @@
-// In-memory weights of a dense decoder: BF16 matrices (dequantized at load),
+// In-memory weights of a decoder: every linear product prepared by the
+// backend (backend/prepared.h) from the logical weights the loader reads,
 // FP32 norms and biases. Projections that read the same input are fused at
 // load (q|k|v, gate|up) so each needs one matrix product per step.
+// for_each_linear visits every product of a set, so sizes and precision
+// reports list nothing by hand.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
-#include "core/aligned.h"
+#include "backend/prepared.h"
 
 namespace kvant {
-
-// A linear layer's BF16 weight [rows = out, cols = in], stored in the kernels'
-// packed layout (kernels/cpu/kernels.h, "P16 pairs") so that every product
-// reads it without repacking. Row r can still be gathered (embeddings).
-struct Matrix {
-  AlignedBuffer<uint16_t> packed;  // gemm_bf16_packed_size(rows, cols) elements
-  int64_t rows = 0;
-  int64_t cols = 0;
-  // out[c] = float(W[r, c]) * scale.
-  void row_f32(int64_t r, float scale, float* out) const;
-};
-
-// A linear layer's W4A16 weight [rows = out, cols = in] in the kernels' Q4
-// P16 layout (kernels/cpu/kernels.h): nibbles, BF16 group scales, and zero
-// offsets when the checkpoint is asymmetric.
-struct Q4Matrix {
-  AlignedBuffer<uint8_t> w;
-  AlignedBuffer<uint16_t> scales;
-  AlignedBuffer<uint8_t> offs;  // empty when symmetric
-  int64_t rows = 0, cols = 0, group = 0;
-  bool empty() const { return rows == 0; }
-  size_t bytes() const { return w.size() + scales.size() * 2 + offs.size(); }
-};
 
 // One weight set: every linear layer is either BF16 (Matrix) or INT4
 // (Q4Matrix, when its *_q4 field is non-empty); embeddings and norms are
@@ -88,5 +70,22 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   const Matrix& lm_head() const { return output.rows ? output : embed; }
 };
+
+// One linear product of a set, as for_each_linear visits it.
+struct LinearInfo {
+  std::string name;             // e.g. "layers.3.experts.17.down"
+  const Matrix* bf16 = nullptr;
+  const Q4Matrix* q4 = nullptr;  // nullptr: a product that is always BF16 (router, MLA's W_kv_b, ...)
+  bool head = false;             // the embedding or the output projection
+};
+// Calls fn for every linear product of a set, the embedding and the output
+// head included.
+void for_each_linear(const ModelWeights& w, const std::function<void(const LinearInfo&)>& fn);
+
+// What a set holds, from for_each_linear: "bf16", "int4" (every product of
+// the layers that has an INT4 form holds it; the output head is reported on
+// its own, --int4-lm-head) or "mixed"; and its bytes in memory.
+std::string weights_precision(const ModelWeights& w);
+size_t weights_bytes(const ModelWeights& w);
 
 }  // namespace kvant

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "model/kv_view.h"
+#include "model/seq_kv.h"
 
 namespace kvant {
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "logit_digest.h"
 #include "model/model.h"
 
 namespace kvant {
@@ -35,6 +36,7 @@ std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n,
   for (int i = 0; i < n; ++i) {
     auto r = m.forward(b, logits);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    test::logit_digest(logits.data(), logits.size());
     if (masked >= 0) logits[size_t(masked)] = -INFINITY;
     const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);

@@ -38,17 +38,17 @@ using test::random_f32;
 // head read: token and scale strides are not trivial.
 constexpr int64_t kDefaultKvHeads = 2;
 
-int64_t elem_bytes(KvElem e) { return e == KvElem::kBf16 ? 2 : 1; }
+int64_t elem_bytes(KvDType e) { return e == KvDType::kBf16 ? 2 : 1; }
 
-float fp8_max(KvElem e) { return e == KvElem::kFp8E4m3 ? kFp8E4m3Max : kFp8E5m2Max; }
+float fp8_max(KvDType e) { return e == KvDType::kFp8E4m3 ? kFp8E4m3Max : kFp8E5m2Max; }
 
-uint8_t encode(KvElem e, float x) {
-  return e == KvElem::kFp8E4m3 ? f32_to_fp8_e4m3(x) : f32_to_fp8_e5m2(x);
+uint8_t encode(KvDType e, float x) {
+  return e == KvDType::kFp8E4m3 ? f32_to_fp8_e4m3(x) : f32_to_fp8_e5m2(x);
 }
 
-double decode(KvElem e, const uint8_t* row, int64_t d) {
-  if (e == KvElem::kFp8E4m3) return fp8_e4m3_to_f32(row[d]);
-  if (e == KvElem::kFp8E5m2) return fp8_e5m2_to_f32(row[d]);
+double decode(KvDType e, const uint8_t* row, int64_t d) {
+  if (e == KvDType::kFp8E4m3) return fp8_e4m3_to_f32(row[d]);
+  if (e == KvDType::kFp8E5m2) return fp8_e5m2_to_f32(row[d]);
   uint16_t h;
   std::memcpy(&h, row + 2 * d, 2);
   return bf16_to_f32(h);
@@ -58,7 +58,7 @@ enum class Scales { kNone, kStatic, kDynamic };
 
 // Random K and V for n tokens in pages of page_tokens slots.
 struct Pages {
-  KvElem elem;
+  KvDType elem;
   int64_t hd, page_tokens, n;
   std::vector<std::vector<uint8_t>> k, v;
   std::vector<std::vector<uint16_t>> ks, vs;  // BF16 scale bits, as pages store them
@@ -68,15 +68,15 @@ struct Pages {
 
   int64_t kHeads, kHead;
 
-  Pages(KvElem e, Scales sc, int64_t head_dim, int64_t pt, int64_t n_tokens, bool shared,
+  Pages(KvDType e, Scales sc, int64_t head_dim, int64_t pt, int64_t n_tokens, bool shared,
         uint32_t seed, int64_t kv_heads = kDefaultKvHeads)
       : elem(e), hd(head_dim), page_tokens(pt), n(n_tokens), kHeads(kv_heads), kHead(kv_heads - 1) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> val(-2.f, 2.f), mag(0.1f, 4.f);
     const int64_t eb = elem_bytes(e), stride = kHeads * hd * eb;
     const int64_t pages = (n + pt - 1) / pt;
-    const float static_k = 2.5f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
-    const float static_v = 3.f / (e == KvElem::kBf16 ? 1.f : fp8_max(e));
+    const float static_k = 2.5f / (e == KvDType::kBf16 ? 1.f : fp8_max(e));
+    const float static_v = 3.f / (e == KvDType::kBf16 ? 1.f : fp8_max(e));
     auto fill = [&](std::vector<std::vector<uint8_t>>& blocks,
                     std::vector<std::vector<uint16_t>>& sc_v, float static_s) {
       blocks.assign(size_t(pages), std::vector<uint8_t>(size_t(pt * stride), 0xA5));
@@ -95,7 +95,7 @@ struct Pages {
           sc_v[size_t(t / pt)][size_t((t % pt) * kHeads + h)] = f32_to_bf16(s);
           for (int64_t d = 0; d < hd; ++d) {
             const float xi = x[size_t(h * hd + d)];
-            if (e == KvElem::kBf16) {
+            if (e == KvDType::kBf16) {
               const uint16_t b = f32_to_bf16(xi);
               std::memcpy(row + (h * hd + d) * 2, &b, 2);
             } else {
@@ -135,11 +135,11 @@ struct Pages {
     return vp[size_t(t / page_tokens)] + (t % page_tokens) * view.token_stride;
   }
   double kscale(int64_t t) const {
-    if (elem == KvElem::kBf16) return 1;
+    if (elem == KvDType::kBf16) return 1;
     return view.k_scales ? bf16_to_f32(ksp[size_t(t / page_tokens)][(t % page_tokens) * kHeads]) : view.k_scale;
   }
   double vscale(int64_t t) const {
-    if (elem == KvElem::kBf16) return 1;
+    if (elem == KvDType::kBf16) return 1;
     return view.v_scales ? bf16_to_f32(vsp[size_t(t / page_tokens)][(t % page_tokens) * kHeads]) : view.v_scale;
   }
 };
@@ -183,15 +183,15 @@ constexpr Case kCases[] = {{1, 5, 2},   {7, 37, 3},  {16, 300, 8}, {64, 130, 5},
                            {32, 70, 9}, {16, 1, 3},  {16, 33, 4},  {16, 50, 6},  {7, 40, 7}};
 
 struct Mode {
-  KvElem elem;
+  KvDType elem;
   Scales scales;
   const char* name;
 };
-constexpr Mode kModes[] = {{KvElem::kBf16, Scales::kNone, "bf16"},
-                           {KvElem::kFp8E4m3, Scales::kStatic, "e4m3/static"},
-                           {KvElem::kFp8E4m3, Scales::kDynamic, "e4m3/dynamic"},
-                           {KvElem::kFp8E5m2, Scales::kStatic, "e5m2/static"},
-                           {KvElem::kFp8E5m2, Scales::kDynamic, "e5m2/dynamic"}};
+constexpr Mode kModes[] = {{KvDType::kBf16, Scales::kNone, "bf16"},
+                           {KvDType::kFp8E4m3, Scales::kStatic, "e4m3/static"},
+                           {KvDType::kFp8E4m3, Scales::kDynamic, "e4m3/dynamic"},
+                           {KvDType::kFp8E5m2, Scales::kStatic, "e5m2/static"},
+                           {KvDType::kFp8E5m2, Scales::kDynamic, "e5m2/dynamic"}};
 
 constexpr double kTol = 2e-5;
 
@@ -286,7 +286,7 @@ void reference_with_softmax(const Pages& pg, const std::vector<float>& q, int64_
 // partial.
 TEST_P(PagedAttnTest, Fp8NanCodesMatchReference) {
   uint32_t seed = 300;
-  for (KvElem e : {KvElem::kFp8E4m3, KvElem::kFp8E5m2})
+  for (KvDType e : {KvDType::kFp8E4m3, KvDType::kFp8E5m2})
     for (Scales sc : {Scales::kStatic, Scales::kDynamic})
       for (int64_t hd : {64, 80, 128})
         for (bool in_k : {true, false})
@@ -294,7 +294,7 @@ TEST_P(PagedAttnTest, Fp8NanCodesMatchReference) {
             const int64_t n = 37, group = 3, t = 20;
             Pages pg(e, sc, hd, 16, n, false, ++seed);
             auto& blocks = in_k ? pg.k : pg.v;
-            const uint8_t nan_code = e == KvElem::kFp8E4m3 ? 0xff : 0x7e;
+            const uint8_t nan_code = e == KvDType::kFp8E4m3 ? 0xff : 0x7e;
             blocks[size_t(t / 16)][size_t((t % 16) * pg.view.token_stride + pg.kHead * hd + d)] =
                 nan_code;
             const auto q = random_f32(size_t(group * hd), -1.f, 1.f, ++seed);
@@ -310,7 +310,7 @@ TEST_P(PagedAttnTest, Fp8NanCodesMatchReference) {
               }
             int64_t nans = 0;
             for (size_t i = 0; i < want.size(); ++i) {
-              const std::string where = std::string(e == KvElem::kFp8E4m3 ? "e4m3" : "e5m2") +
+              const std::string where = std::string(e == KvDType::kFp8E4m3 ? "e4m3" : "e5m2") +
                                         (in_k ? " K" : " V") + " hd=" + std::to_string(hd) +
                                         " d=" + std::to_string(d) + " i=" + std::to_string(i);
               ASSERT_EQ(std::isnan(want[i]), std::isnan(got[i])) << where;
@@ -331,7 +331,7 @@ TEST_P(PagedAttnTest, Bf16BitwiseEqualsUnpagedPath) {
   uint32_t seed = 100;
   for (int64_t hd : {64, 80, 96, 128, 256, 576})
     for (const Case& c : kCases) {
-      Pages pg(KvElem::kBf16, Scales::kNone, hd, c.page_tokens, c.n, hd == 576, ++seed);
+      Pages pg(KvDType::kBf16, Scales::kNone, hd, c.page_tokens, c.n, hd == 576, ++seed);
       const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
       const float scale = 1.f / std::sqrt(float(hd));
       std::vector<uint16_t> k(size_t(c.n * hd)), v(size_t(c.n * hd));
@@ -356,7 +356,7 @@ TEST_P(PagedAttnTest, Bf16BitwiseEqualsUnpagedPath) {
 // of the 256 codes, bitwise (NaN codes: NaN; -0 comes out +0, as the FMA sum
 // starts from +0).
 TEST_P(PagedAttnTest, Fp8DecodesEveryCodeExactly) {
-  for (KvElem e : {KvElem::kFp8E4m3, KvElem::kFp8E5m2})
+  for (KvDType e : {KvDType::kFp8E4m3, KvDType::kFp8E5m2})
     for (float vscale : {1.f, 0.0123f}) {
       const int64_t hd = 256;
       std::vector<uint8_t> krow(size_t(hd), 0), vrow(static_cast<size_t>(hd));
@@ -377,7 +377,7 @@ TEST_P(PagedAttnTest, Fp8DecodesEveryCodeExactly) {
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t d = 0; d < hd; ++d) {
           const float dec =
-              e == KvElem::kFp8E4m3 ? fp8_e4m3_to_f32(uint8_t(d)) : fp8_e5m2_to_f32(uint8_t(d));
+              e == KvDType::kFp8E4m3 ? fp8_e4m3_to_f32(uint8_t(d)) : fp8_e5m2_to_f32(uint8_t(d));
           const float want = std::fma(vscale, dec, 0.f), got = out[size_t(h * hd + d)];
           if (std::isnan(want)) {
             ASSERT_TRUE(std::isnan(got)) << "code " << d;

@@ -61,7 +61,7 @@ TEST_P(MoeInt4, Fp8KvKlAgainstBf16Kv) {
   const auto ids = test::golden_ids(GetParam());
   const auto ref = test::run_chunked(**m, ids, 1);
   SeqKvOptions fp8;
-  fp8.elem = kernels::KvElem::kFp8E4m3;
+  fp8.elem = KvDType::kFp8E4m3;
   fp8.dynamic_scales = true;
   const auto got = test::run_chunked(**m, ids, 1, fp8);
   const double kl = test::mean_kl(ref, got, (*m)->config().vocab);

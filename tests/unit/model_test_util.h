@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "logit_digest.h"
 #include "model/model.h"
 
 namespace kvant::test {
@@ -31,6 +32,7 @@ inline std::vector<float> run_chunked(Model& m, const std::vector<int32_t>& ids,
     auto r = m.forward(b, std::span<float>(out.data() + p * c.vocab, size_t(n * c.vocab)));
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   }
+  logit_digest(out.data(), out.size());
   return out;
 }
 

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/moe_router.h"
+#include "backend/moe_router.h"
 
 namespace kvant {
 namespace {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "numerics/kv_dtype.h"
+
 namespace kvant::kernels {
 
 // Avx512 needs AVX-512 F/BW/VL/DQ (Skylake-SP, Ice Lake, Zen 4): BF16 products
@@ -80,8 +82,6 @@ void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n,
 // Logical value of one weight of a packed matrix (tests, debugging).
 float q4_weight(const Q4Weights& W, int64_t row, int64_t col);
 
-// Element type of KV pages as paged_attn_decode reads them.
-enum class KvElem : uint8_t { kBf16 = 0, kFp8E4m3 = 1, kFp8E5m2 = 2 };
 
 // One KV head's cached rows for one layer, spread over pages (plain pointers:
 // kernels know nothing of the page pool). Token t lives in page pg = t /
@@ -102,7 +102,7 @@ struct PagedKv {
   float k_scale = 1.f, v_scale = 1.f;
   int64_t page_tokens = 16;
   int64_t n_tokens = 0;
-  KvElem elem = KvElem::kBf16;
+  KvDType elem = KvDType::kBf16;
 };
 
 struct KernelTable {

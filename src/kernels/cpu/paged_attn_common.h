@@ -12,7 +12,7 @@
 namespace kvant::kernels {
 namespace {
 
-inline int64_t kv_elem_bytes(KvElem e) { return e == KvElem::kBf16 ? 2 : 1; }
+inline int64_t kv_elem_bytes(KvDType e) { return e == KvDType::kBf16 ? 2 : 1; }
 
 // Visits t = 0 .. n-1 in order as fn(t, page, slot).
 template <class Fn>

@@ -34,13 +34,13 @@ inline __m128i load8_part(const uint8_t* p, int64_t n) {
 // 8 elements (past n: 0) of a row as FP32; e4m3 comes out times 2^-8. With
 // Exact false an e4m3 NaN code decodes as a finite value (callers check rows
 // with e4m3_has_nan first).
-template <KvElem E, bool Exact = true>
+template <KvDType E, bool Exact = true>
 inline __m256 decode8(const uint8_t* p, int64_t n) {
-  if constexpr (E == KvElem::kBf16) {
+  if constexpr (E == KvDType::kBf16) {
     return load_bf16_part(reinterpret_cast<const uint16_t*>(p), n);
   } else {
     const __m128i w = _mm_unpacklo_epi8(_mm_setzero_si128(), load8_part(p, n));  // code << 8
-    if constexpr (E == KvElem::kFp8E5m2) {
+    if constexpr (E == KvDType::kFp8E5m2) {
       return _mm256_cvtph_ps(w);
     } else {
       // S.EEEE.MMM << 8, arithmetic >> 1 copies S into bit 14; clear it.
@@ -80,8 +80,8 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
-template <KvElem E>
-constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
+template <KvDType E>
+constexpr float kFold = E == KvDType::kFp8E4m3 ? 256.f : 1.f;
 
 // 8 BF16 scales (uint16 bits) -> FP32, exact.
 inline __m256 bf16x8_to_ps(__m128i h) {
@@ -130,12 +130,12 @@ inline __m256 tree3(__m256 c0, __m256 c1) {
 }
 
 // s[h * n + t] for heads [0, H) of the block starting at q.
-template <KvElem E, int H>
+template <KvDType E, int H>
 void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const float static_c = E == KvElem::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
+  const float static_c = E == KvDType::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
   int64_t pg = 0, i = 0;  // where token t0 lives
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
     const int nb = int(std::min<int64_t>(8, n - t0));
@@ -146,17 +146,17 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
       rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
       if (p2 + kPrefetchPages < pages)
         prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
-      if constexpr (E != KvElem::kBf16) {
+      if constexpr (E != KvDType::kBf16) {
           // The V scales too: the pass that reads them is too short to hide misses.
           prefetch_next_scales(kv.k_scales, p2, i2, kv);
           prefetch_next_scales(kv.v_scales, p2, i2, kv);
         }
-      if constexpr (E == KvElem::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
+      if constexpr (E == KvDType::kFp8E4m3) nan |= e4m3_has_nan(rows[j], hd);
       if (++i2 == pt) i2 = 0, ++p2;
     }
     for (int j = nb; j < 8; ++j) rows[j] = rows[0];  // lanes not stored
     __m256 c = _mm256_set1_ps(static_c);
-    if (E != KvElem::kBf16 && kv.k_scales)
+    if (E != KvDType::kBf16 && kv.k_scales)
       c = _mm256_mul_ps(
           _mm256_mul_ps(_mm256_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb)),
           _mm256_set1_ps(kFold<E>));
@@ -210,7 +210,7 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
 // out[h * hd + d0 .. d0 + width) for heads [0, H). With scale_p (FP8, first
 // pass), p[h, t] *= vs_t * kFold 8 tokens ahead of their use, so the V scales
 // stream in with the V rows.
-template <KvElem E, int H, int C>
+template <KvDType E, int H, int C>
 void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
                 bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
@@ -222,7 +222,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
   const int64_t pt = kv.page_tokens, pages = (n + pt - 1) / pt;
   int64_t pg = 0, i = 0;
   for (int64_t t = 0; t < n; ++t) {
-    if (E != KvElem::kBf16 && scale_p && t % 8 == 0) {
+    if (E != KvDType::kBf16 && scale_p && t % 8 == 0) {
       const int nb = int(std::min<int64_t>(8, n - t));
       const __m256 vs =
           kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
@@ -233,7 +233,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
                    nb);
       }
     }
-    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
+    if constexpr (E != KvDType::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
     if (pg + kPrefetchPages < pages)
       prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
@@ -258,7 +258,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
       if (8 * c < width) store_part(out + h * hd + d0 + 8 * c, acc[h][c], width - 8 * c);
 }
 
-template <KvElem E, int H>
+template <KvDType E, int H>
 void wsum_heads(float* p, int64_t hd, const PagedKv& kv, float* out) {
   // H * C accumulators + C decoded chunks + 1 broadcast within 16 registers.
   constexpr int C = H <= 2 ? 4 : (H == 3 ? 3 : 2);
@@ -266,7 +266,7 @@ void wsum_heads(float* p, int64_t hd, const PagedKv& kv, float* out) {
     wsum_block<E, H, C>(p, hd, kv, d0, std::min<int64_t>(8 * C, hd - d0), out, d0 == 0);
 }
 
-template <KvElem E>
+template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
   const int64_t n = kv.n_tokens;
@@ -314,12 +314,12 @@ void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& 
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out) {
   switch (kv.elem) {
-    case KvElem::kFp8E4m3:
-      return run<KvElem::kFp8E4m3>(q, group, head_dim, scale, kv, scratch, out);
-    case KvElem::kFp8E5m2:
-      return run<KvElem::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
+    case KvDType::kFp8E4m3:
+      return run<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, scratch, out);
+    case KvDType::kFp8E5m2:
+      return run<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
     default:
-      return run<KvElem::kBf16>(q, group, head_dim, scale, kv, scratch, out);
+      return run<KvDType::kBf16>(q, group, head_dim, scale, kv, scratch, out);
   }
 }
 

@@ -38,13 +38,13 @@ inline __mmask64 mask64(int64_t n) {
 // 16 elements (lanes past m are 0) of a row, as FP32; e4m3 comes out times
 // 2^-8. With Exact false an e4m3 NaN code decodes as a finite value (callers
 // check rows with e4m3_has_nan first).
-template <KvElem E, bool Exact = true>
+template <KvDType E, bool Exact = true>
 inline __m512 decode16(const uint8_t* p, __mmask16 m) {
-  if constexpr (E == KvElem::kBf16) {
+  if constexpr (E == KvDType::kBf16) {
     return maskz_load_bf16(m, reinterpret_cast<const uint16_t*>(p));
   } else {
     const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8);
-    if constexpr (E == KvElem::kFp8E5m2) {
+    if constexpr (E == KvDType::kFp8E5m2) {
       return _mm512_cvtph_ps(w);
     } else {
       // S.EEEE.MMM << 8, arithmetic >> 1 copies S into bit 14; clear it.
@@ -76,25 +76,25 @@ inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
 //   A = [0-7, 16-23], B = [8-15, 24-31], C = [32-39, 48-55], D = [40-47, 56-63]
 // (a 32-code block: A and B). Scores meet them with q permuted alike
 // (permute_q); weighted sums un-permute their accumulators once (store_perm).
-template <KvElem E>
+template <KvDType E>
 inline __m512i fp16_bits(__m512i w) {
-  if constexpr (E == KvElem::kFp8E4m3)
+  if constexpr (E == KvDType::kFp8E4m3)
     return _mm512_and_si512(_mm512_srai_epi16(w, 1), _mm512_set1_epi16(short(0xbfff)));
   else
     return w;
 }
-template <KvElem E>
+template <KvDType E>
 inline __m256i fp16_bits(__m256i w) {
-  if constexpr (E == KvElem::kFp8E4m3)
+  if constexpr (E == KvDType::kFp8E4m3)
     return _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(short(0xbfff)));
   else
     return w;
 }
 // FP16 bits -> FP32; Exact: e4m3 NaN codes (FP16 bits x.01111.111.0000000) become NaN.
-template <KvElem E, bool Exact>
+template <KvDType E, bool Exact>
 inline __m512 widen(__m256i h) {
   const __m512 f = _mm512_cvtph_ps(h);
-  if constexpr (!Exact || E != KvElem::kFp8E4m3) return f;
+  if constexpr (!Exact || E != KvDType::kFp8E4m3) return f;
   const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
                                                 _mm256_set1_epi16(0x3f80));
   return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
@@ -103,12 +103,12 @@ inline __m512 widen(__m256i h) {
 // The FP16 bits of codes [0, min(n, 64)) of p (the rest 0) as two words
 // vectors: lo holds chunks A | C, hi B | D. For e4m3, nan_any gains the codes
 // that are NaN.
-template <KvElem E>
+template <KvDType E>
 struct Block64 {
   __m512i lo, hi;
   Block64(const uint8_t* p, int64_t n, __mmask64* nan_any = nullptr) {
     const __m512i c = n >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask64(n), p);
-    if constexpr (E == KvElem::kFp8E4m3)
+    if constexpr (E == KvDType::kFp8E4m3)
       if (nan_any)
         *nan_any |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, _mm512_set1_epi8(-128)),
                                            _mm512_set1_epi8(-1));
@@ -123,13 +123,13 @@ struct Block64 {
   }
 };
 // The same for 32 codes (chunks A, B).
-template <KvElem E>
+template <KvDType E>
 struct Block32 {
   __m256i lo, hi;
   Block32(const uint8_t* p, int64_t n, __mmask32* nan_any = nullptr) {
     const __m256i c = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                               : _mm256_maskz_loadu_epi8(mask32(n), p);
-    if constexpr (E == KvElem::kFp8E4m3)
+    if constexpr (E == KvDType::kFp8E4m3)
       if (nan_any)
         *nan_any |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(c, _mm256_set1_epi8(-128)),
                                            _mm256_set1_epi8(-1));
@@ -172,8 +172,8 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
-template <KvElem E>
-constexpr float kFold = E == KvElem::kFp8E4m3 ? 256.f : 1.f;
+template <KvDType E>
+constexpr float kFold = E == KvDType::kFp8E4m3 ? 256.f : 1.f;
 
 // 16 BF16 scales (uint16 bits) -> FP32, exact.
 inline __m512 bf16x16_to_ps(__m256i h) {
@@ -214,13 +214,13 @@ inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t
 
 // s[h * n + t] for heads [0, H) of the block starting at q (row stride ldq).
 // Perm (FP8 only): q is permute_q's layout and rows are read as Block64s.
-template <KvElem E, int H, bool Perm>
+template <KvDType E, int H, bool Perm>
 void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
                   float* s) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const float static_c = E == KvElem::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
+  const float static_c = E == KvDType::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
   int64_t pg = 0, i = 0;  // where token t0 lives
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int nb = int(std::min<int64_t>(16, n - t0));
@@ -233,17 +233,17 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
         rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
         if (p2 + kPrefetchPages < pages)
           prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
-        if constexpr (E != KvElem::kBf16) {
+        if constexpr (E != KvDType::kBf16) {
           // The V scales too: the pass that reads them is too short to hide misses.
           prefetch_next_scales(kv.k_scales, p2, i2, kv);
           prefetch_next_scales(kv.v_scales, p2, i2, kv);
         }
-        if constexpr (E == KvElem::kFp8E4m3 && !Perm) nan |= e4m3_has_nan(rows[j], hd);
+        if constexpr (E == KvDType::kFp8E4m3 && !Perm) nan |= e4m3_has_nan(rows[j], hd);
         if (++i2 == pt) i2 = 0, ++p2;
       }
       for (int j = nb; j < 16; ++j) rows[j] = rows[0];  // lanes not stored
       __m512 c = _mm512_set1_ps(static_c);
-      if (E != KvElem::kBf16 && kv.k_scales)
+      if (E != KvDType::kBf16 && kv.k_scales)
         c = _mm512_mul_ps(
             _mm512_mul_ps(_mm512_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb)),
             _mm512_set1_ps(kFold<E>));
@@ -321,7 +321,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
 // FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order. With
 // scale_p (FP8, first pass), p[h, t] *= vs_t * kFold 16 tokens ahead of their
 // use, so the V scales stream in with the V rows.
-template <KvElem E, int H, int C>
+template <KvDType E, int H, int C>
 void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
                 bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
@@ -336,7 +336,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
   const int64_t pt = kv.page_tokens, pages = (n + pt - 1) / pt;
   int64_t pg = 0, i = 0;
   for (int64_t t = 0; t < n; ++t) {
-    if (E != KvElem::kBf16 && scale_p && t % 16 == 0) {
+    if (E != KvDType::kBf16 && scale_p && t % 16 == 0) {
       const int nb = int(std::min<int64_t>(16, n - t));
       const __mmask16 m = mask16(nb);
       const __m512 vs =
@@ -349,12 +349,12 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
                                             _mm512_set1_ps(kFold<E>)));
       }
     }
-    if constexpr (E != KvElem::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
+    if constexpr (E != KvDType::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
     if (pg + kPrefetchPages < pages)
       prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
     __m512 v[C];
-    if constexpr (E == KvElem::kBf16) {
+    if constexpr (E == KvDType::kBf16) {
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) v[c] = decode16<E>(row + 16 * c * eb, mc[c]);
     } else {
@@ -380,7 +380,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
   }
 #pragma GCC unroll 8
   for (int h = 0; h < H; ++h) {
-    if constexpr (E == KvElem::kBf16) {
+    if constexpr (E == KvDType::kBf16) {
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
         _mm512_mask_storeu_ps(out + h * hd + d0 + 16 * c, mc[c], acc[h][c]);
@@ -392,10 +392,10 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
   }
 }
 
-template <KvElem E, int H>
+template <KvDType E, int H>
 void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s, float* out) {
   const int64_t ldp = (hd + 63) / 64 * 64;
-  if constexpr (E != KvElem::kBf16) {
+  if constexpr (E != KvDType::kBf16) {
     if (H * ldp <= kQpFloats) {
       alignas(64) float qp[kQpFloats];
       permute_q(q, H, hd, qp, ldp);
@@ -409,18 +409,18 @@ void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, floa
   for (int h = 0; h < H; ++h) softmax(s + h * kv.n_tokens, kv.n_tokens);
   // H * C accumulators + C decoded chunks + 1 broadcast stay within 32
   // registers; FP8 takes whole 32- or 64-code blocks.
-  constexpr int C = E == KvElem::kBf16 ? (H <= 6 ? 4 : 3) : (H <= 6 ? 4 : 2);
+  constexpr int C = E == KvDType::kBf16 ? (H <= 6 ? 4 : 3) : (H <= 6 ? 4 : 2);
   for (int64_t d0 = 0; d0 < hd; d0 += 16 * C)
     wsum_block<E, H, C>(s, hd, kv, d0, std::min<int64_t>(16 * C, hd - d0), out, d0 == 0);
 }
 
-template <KvElem E>
+template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
   // Heads go 8 at a time (FP8: fewer where their permuted q would not fit
   // kQpFloats); a group wider than that re-reads its rows per block.
   const int64_t ldp = (hd + 63) / 64 * 64;
-  const int64_t per = E == KvElem::kBf16 ? 8 : std::clamp<int64_t>(kQpFloats / ldp, 1, 8);
+  const int64_t per = E == KvDType::kBf16 ? 8 : std::clamp<int64_t>(kQpFloats / ldp, 1, 8);
   for (int64_t h0 = 0; h0 < group; h0 += per) {
     const float* qb = q + h0 * hd;
     float* sb = scratch + h0 * kv.n_tokens;
@@ -459,12 +459,12 @@ void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& 
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out) {
   switch (kv.elem) {
-    case KvElem::kFp8E4m3:
-      return run<KvElem::kFp8E4m3>(q, group, head_dim, scale, kv, scratch, out);
-    case KvElem::kFp8E5m2:
-      return run<KvElem::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
+    case KvDType::kFp8E4m3:
+      return run<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, scratch, out);
+    case KvDType::kFp8E5m2:
+      return run<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
     default:
-      return run<KvElem::kBf16>(q, group, head_dim, scale, kv, scratch, out);
+      return run<KvDType::kBf16>(q, group, head_dim, scale, kv, scratch, out);
   }
 }
 

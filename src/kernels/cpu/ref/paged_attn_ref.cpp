@@ -13,11 +13,11 @@
 namespace kvant::kernels::ref {
 namespace {
 
-float decode(const uint8_t* row, int64_t d, KvElem e) {
+float decode(const uint8_t* row, int64_t d, KvDType e) {
   switch (e) {
-    case KvElem::kFp8E4m3:
+    case KvDType::kFp8E4m3:
       return fp8_e4m3_to_f32(row[d]);
-    case KvElem::kFp8E5m2:
+    case KvDType::kFp8E5m2:
       return fp8_e5m2_to_f32(row[d]);
     default: {
       uint16_t h;
@@ -32,7 +32,7 @@ float decode(const uint8_t* row, int64_t d, KvElem e) {
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out) {
   const int64_t n = kv.n_tokens;
-  const bool fp8 = kv.elem != KvElem::kBf16;
+  const bool fp8 = kv.elem != KvDType::kBf16;
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     const uint8_t* row = kv.k_pages[pg] + i * kv.token_stride;
     const float c = fp8 ? scale * k_token_scale(kv, pg, i) : scale;

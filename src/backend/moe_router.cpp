@@ -1,5 +1,5 @@
 // MoE routing arithmetic (moe_router.h).
-#include "model/moe_router.h"
+#include "backend/moe_router.h"
 
 #include <algorithm>
 #include <cmath>

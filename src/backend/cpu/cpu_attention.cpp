@@ -1,0 +1,294 @@
+// The CPU backend's KV pages and attention: rows into page slots (the codec
+// of kvcache/kv_codec.h), BF16 context rows for prefill, paged decode
+// attention (FP8 decoded in the kernel) and causal prefill attention, each
+// split over threads by task. Page addresses are computed here and nowhere
+// above the backend.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/check.h"
+#include "kvcache/kv_codec.h"
+#include "numerics/bf16.h"
+#include "numerics/fp8.h"
+
+namespace kvant::backend {
+
+namespace {
+uint8_t* layer_page(const KvSpan& kv, int64_t pos, int64_t layer) {
+  const KvFormat& f = *kv.format;
+  return kv.pages[pos / f.page_tokens] + layer * f.layer_bytes;
+}
+}  // namespace
+
+void CpuBackend::kv_store(const StepPlan& plan, int64_t l, CF32 k, CF32 v) {
+  pfor(plan.n_tokens(), 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const StepToken& tk = plan.tokens[size_t(t)];
+      const KvSpan& span = *plan.chunks[size_t(tk.chunk)].kv;
+      const KvFormat& f = *span.format;
+      uint8_t* page = layer_page(span, tk.pos, l);
+      const int64_t slot = tk.pos % f.page_tokens, hd = f.head_dim, kvh = f.kv_heads;
+      const float* kr = k.row(t);
+      const float* vr = v.data ? v.row(t) : nullptr;
+      uint8_t* kd = page + f.k_offset + slot * f.row_bytes();
+      uint8_t* vd = page + f.v_offset + slot * f.row_bytes();
+      if (f.elem == KvDType::kBf16) {
+        K_.f32_to_bf16(kr, reinterpret_cast<uint16_t*>(kd), kvh * hd);
+        if (vr) K_.f32_to_bf16(vr, reinterpret_cast<uint16_t*>(vd), kvh * hd);
+        continue;
+      }
+      auto* k_scales = reinterpret_cast<uint16_t*>(page + f.k_scale_offset) + slot * kvh;
+      auto* v_scales = reinterpret_cast<uint16_t*>(page + f.v_scale_offset) + slot * kvh;
+      for (int64_t h = 0; h < kvh; ++h) {
+        float ks, vs = 1.f;
+        if (f.dynamic_scales) {
+          // Exact: kv_dynamic_scale returns BF16 values.
+          ks = kv_dynamic_scale(f.elem, kr + h * hd, hd);
+          k_scales[h] = f32_to_bf16(ks);
+          if (vr) {
+            vs = kv_dynamic_scale(f.elem, vr + h * hd, hd);
+            v_scales[h] = f32_to_bf16(vs);
+          }
+        } else {
+          ks = f.static_k[size_t(l * kvh + h)];
+          if (vr) vs = f.static_v[size_t(l * kvh + h)];
+        }
+        kv_encode_row(f.elem, kr + h * hd, hd, ks, kd + h * hd);
+        if (vr) kv_encode_row(f.elem, vr + h * hd, hd, vs, vd + h * hd);
+      }
+    }
+  });
+}
+
+void CpuBackend::kv_store_index(const StepPlan& plan, int64_t l, CF32 k) {
+  pfor(plan.n_tokens(), 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const StepToken& tk = plan.tokens[size_t(t)];
+      const KvSpan& span = *plan.chunks[size_t(tk.chunk)].kv;
+      const KvFormat& f = *span.format;
+      uint8_t* page = layer_page(span, tk.pos, l);
+      K_.f32_to_bf16(k.row(t),
+                     reinterpret_cast<uint16_t*>(page + f.index_offset) +
+                         (tk.pos % f.page_tokens) * f.index_dim,
+                     f.index_dim);
+    }
+  });
+}
+
+// Earlier positions decoded from the pages, the chunk's own from the fresh
+// FP32 rows (so FP8 pages do not round-trip the chunk's own K/V; with BF16
+// pages both give the same bits).
+void CpuBackend::kv_gather(const StepPlan& plan, int64_t l, CF32 k_new, CF32 v_new, BF16 gk,
+                           BF16 gv) {
+  constexpr int64_t kMaxRow = 1024;
+  pfor(int64_t(pieces_.size()), 1, [&](int64_t p0, int64_t p1) {
+    float tmp[2 * kMaxRow];
+    for (int64_t p = p0; p < p1; ++p) {
+      const GatherPiece& pc = pieces_[size_t(p)];
+      const StepChunk& c = plan.chunks[size_t(pc.chunk)];
+      const KvFormat& f = *c.kv->format;
+      const int64_t hd = f.head_dim, kvh = f.kv_heads, kvd = kvh * hd;
+      KV_CHECK(hd <= kMaxRow);
+      for (int64_t j = pc.j0; j < pc.j1; ++j) {
+        const int64_t row = c.gather_off + j - c.gather_j0;
+        uint16_t* dk = gk.row(row);
+        uint16_t* dv = v_new.data ? gv.row(row) : nullptr;
+        if (j >= c.pos0) {
+          const int64_t t = c.t0 + j - c.pos0;
+          K_.f32_to_bf16(k_new.row(t), dk, kvd);
+          if (dv) K_.f32_to_bf16(v_new.row(t), dv, kvd);
+          continue;
+        }
+        const uint8_t* page = layer_page(*c.kv, j, l);
+        const int64_t slot = j % f.page_tokens;
+        const uint8_t* kd = page + f.k_offset + slot * f.row_bytes();
+        const uint8_t* vd = page + f.v_offset + slot * f.row_bytes();
+        if (f.elem == KvDType::kBf16) {
+          std::memcpy(dk, kd, size_t(kvd) * 2);
+          if (dv) std::memcpy(dv, vd, size_t(kvd) * 2);
+          continue;
+        }
+        const float* table = f.elem == KvDType::kFp8E4m3 ? fp8_e4m3_table() : fp8_e5m2_table();
+        const auto* k_scales = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset);
+        const auto* v_scales = reinterpret_cast<const uint16_t*>(page + f.v_scale_offset);
+        for (int64_t h = 0; h < kvh; ++h) {
+          float ks, vs = 1.f;
+          if (f.dynamic_scales) {
+            ks = bf16_to_f32(k_scales[slot * kvh + h]);
+            if (dv) vs = bf16_to_f32(v_scales[slot * kvh + h]);
+          } else {
+            ks = f.static_k[size_t(l * kvh + h)];
+            if (dv) vs = f.static_v[size_t(l * kvh + h)];
+          }
+          for (int64_t d = 0; d < hd; ++d) tmp[d] = table[kd[h * hd + d]] * ks;
+          K_.f32_to_bf16(tmp, dk + h * hd, hd);
+          if (!dv) continue;
+          for (int64_t d = 0; d < hd; ++d) tmp[hd + d] = table[vd[h * hd + d]] * vs;
+          K_.f32_to_bf16(tmp + hd, dv + h * hd, hd);
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
+  const int64_t Td = int64_t(plan.decode_chunks.size());
+  if (Td == 0) return;
+  const int64_t group = a.heads / a.kv_heads, blk = a.head_block, hd = a.head_dim;
+  if (decode_key_[0] != step_ || decode_key_[1] != a.kv_heads || decode_key_[2] != group * 4096 + blk) {
+    decode_tasks_.clear();
+    for (int64_t d = 0; d < Td; ++d)
+      for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh)
+        for (int64_t b = 0; b < group; b += blk)
+          decode_tasks_.push_back({d, kvh, kvh * group + b, std::min(blk, group - b)});
+    decode_key_[0] = step_;
+    decode_key_[1] = a.kv_heads;
+    decode_key_[2] = group * 4096 + blk;
+  }
+  ensure_attention(std::max(blk, kPrefillQueries), plan.max_ctx,
+                   std::max(plan.max_pages, plan.max_ctx));
+  const int64_t l = a.layer, n_tasks = int64_t(decode_tasks_.size());
+  const int nt = threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_tasks > 1 && nt > 1)
+  for (int64_t w = 0; w < n_tasks; ++w) {
+    const int tid = omp_get_thread_num();
+    const DecodeTask& task = decode_tasks_[size_t(w)];
+    const StepChunk& c = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])];
+    const KvFormat& f = *c.kv->format;
+    const bool shared = f.shared_kv();
+    const int64_t pos = c.pos0;  // the single token's position
+    const int64_t eb = f.elem_bytes(), kvh = task.kvh, pt = f.page_tokens;
+    const uint8_t** kp = ptrs_for(tid);
+    const uint8_t** vp = kp + pages_;
+    const uint16_t** ksp = reinterpret_cast<const uint16_t**>(vp + pages_);
+    const uint16_t** vsp = ksp + pages_;
+    kernels::PagedKv kv;
+    kv.elem = f.elem;
+    kv.scale_stride = f.kv_heads;
+    kv.token_stride = f.row_bytes();
+    if (!f.dynamic_scales && f.elem != KvDType::kBf16) {
+      kv.k_scale = f.static_k[size_t(l * f.kv_heads + kvh)];
+      kv.v_scale = shared ? kv.k_scale : f.static_v[size_t(l * f.kv_heads + kvh)];
+    }
+    auto point = [&](int64_t p, int64_t j) {  // pointer p at position j's rows
+      const uint8_t* page = layer_page(*c.kv, j, l);
+      const int64_t slot = j % pt;
+      kp[p] = page + f.k_offset + slot * f.row_bytes() + kvh * hd * eb;
+      vp[p] = page + f.v_offset + slot * f.row_bytes() + kvh * hd * eb;
+      if (f.dynamic_scales) {
+        ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot * f.kv_heads + kvh;
+        vsp[p] = reinterpret_cast<const uint16_t*>(page + f.v_scale_offset) + slot * f.kv_heads + kvh;
+      }
+    };
+    if (a.topk > 0 && a.sparse[c.t0]) {
+      // Only the indexer's choice: one pointer per chosen token.
+      const int32_t* sel = a.sel + c.t0 * a.topk;
+      for (int64_t p = 0; p < a.topk; ++p) point(p, sel[p]);
+      kv.page_tokens = 1;
+      kv.n_tokens = a.topk;
+    } else {
+      const int64_t j0 = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+      const int64_t n = pos - j0 + 1;
+      // Page-aligned start: one pointer per page; a window starting inside a
+      // page: one pointer per token (page_tokens = 1).
+      const bool per_token = j0 % pt != 0;
+      const int64_t np = per_token ? n : (n + pt - 1) / pt;
+      for (int64_t p = 0; p < np; ++p) point(p, per_token ? j0 + p : j0 + p * pt);
+      kv.page_tokens = per_token ? 1 : pt;
+      kv.n_tokens = n;
+    }
+    kv.k_pages = kp;
+    kv.v_pages = shared ? kp : vp;  // MLA: the same row is K and V
+    if (f.dynamic_scales) {
+      kv.k_scales = ksp;
+      kv.v_scales = shared ? ksp : vsp;
+    }
+    const int64_t r = a.rows_by_token ? c.t0 : task.d;
+    K_.paged_attn_decode(a.q.row(r) + task.h0 * hd, task.nh, hd, a.scale, kv, scores_for(tid),
+                         a.out.row(r) + task.h0 * hd);
+  }
+}
+
+// Causal (optionally windowed, soft-capped or sparse) softmax attention of
+// consecutive tokens of one head per task. Each token's result is bitwise
+// what it gets alone (attn_*_multi's contract), so chunking does not change
+// it. Tasks are head-major: consecutive tasks read the same KV head's rows,
+// so a thread's working set is one head's K and V.
+void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
+  if (!plan.any_prefill) return;
+  if (prefill_key_[0] != step_ || prefill_key_[1] != a.heads) {
+    prefill_tasks_.clear();
+    for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+      const StepChunk& c = plan.chunks[ci];
+      if (c.decodes()) continue;
+      for (int64_t h = 0; h < a.heads; ++h)
+        for (int64_t i = 0; i < c.n_tokens; i += kPrefillQueries)
+          prefill_tasks_.push_back(
+              {int64_t(ci), c.t0 + i, h, std::min(kPrefillQueries, c.n_tokens - i)});
+    }
+    prefill_key_[0] = step_;
+    prefill_key_[1] = a.heads;
+  }
+  ensure_attention(kPrefillQueries, plan.max_ctx, std::max(plan.max_pages, plan.max_ctx));
+  const int64_t n_tasks = int64_t(prefill_tasks_.size());
+  const int nt = threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_tasks > 1 && nt > 1)
+  for (int64_t w = 0; w < n_tasks; ++w) {
+    const int tid = omp_get_thread_num();
+    float* sc = scores_for(tid);
+    const PrefillTask& task = prefill_tasks_[size_t(w)];
+    const StepChunk& c = plan.chunks[size_t(task.chunk)];
+    const int64_t h = task.h, kvh = h / a.group, g0 = c.gather_off - c.gather_j0;
+    const uint16_t* kbase = a.k.data + kvh * a.k_head_stride;
+    const uint16_t* vbase = a.v.data + kvh * a.v_head_stride;
+    int64_t j0s[kPrefillQueries], ns[kPrefillQueries];
+    bool same_start = true;
+    for (int64_t i = 0; i < task.n; ++i) {
+      const int64_t pos = plan.tokens[size_t(task.t + i)].pos;
+      j0s[i] = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+      ns[i] = pos - j0s[i] + 1;
+      same_start = same_start && j0s[i] == j0s[0];
+    }
+    const float* q0 = a.q.row(task.t) + h * a.q_head_stride;
+    float* o0 = a.out.row(task.t) + h * a.v_dim;
+    // Soft-capping, then (DSA) the positions the indexer did not choose masked out.
+    auto adjust = [&](int64_t i, float* row) {
+      if (a.softcap > 0.f)
+        for (int64_t j = 0; j < ns[i]; ++j) row[j] = std::tanh(row[j] / a.softcap) * a.softcap;
+      if (a.topk <= 0 || !a.sparse[task.t + i]) return;
+      uint8_t* keep = dsa_keep_.data() + int64_t(tid) * ctx_;
+      std::fill(keep, keep + ns[i], uint8_t(0));
+      const int32_t* sel = a.sel + (task.t + i) * a.topk;
+      for (int64_t p = 0; p < a.topk; ++p) keep[sel[p]] = 1;
+      for (int64_t j = 0; j < ns[i]; ++j)
+        if (!keep[j]) row[j] = -INFINITY;
+    };
+    if (task.n > 1 && same_start && K_.attn_scores_multi && K_.attn_weighted_sum_multi) {
+      const int64_t row0 = g0 + j0s[0];
+      const int64_t n_max = ns[task.n - 1];  // consecutive tokens: the last sees the most rows
+      K_.attn_scores_multi(q0, a.q.ld, task.n, kbase + row0 * a.k.ld, a.k.ld, n_max, a.head_dim,
+                           a.scale, sc, n_max);
+      for (int64_t i = 0; i < task.n; ++i) {
+        adjust(i, sc + i * n_max);
+        K_.softmax(sc + i * n_max, ns[i]);
+      }
+      K_.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase + row0 * a.v.ld, a.v.ld, a.v_dim, o0,
+                                 a.out.ld);
+      continue;
+    }
+    for (int64_t i = 0; i < task.n; ++i) {
+      const int64_t row0 = g0 + j0s[i];
+      K_.attn_scores(q0 + i * a.q.ld, kbase + row0 * a.k.ld, a.k.ld, ns[i], a.head_dim, a.scale,
+                     sc);
+      adjust(i, sc);
+      K_.softmax(sc, ns[i]);
+      K_.attn_weighted_sum(sc, vbase + row0 * a.v.ld, a.v.ld, ns[i], a.v_dim, o0 + i * a.out.ld);
+    }
+  }
+}
+
+}  // namespace kvant::backend

@@ -1,0 +1,56 @@
+// Prepared linear weights: the form a backend computes with, made from the
+// logical weights a loader reads (BF16 rows, or INT4 values with group scales)
+// by Backend::prepare_bf16 / prepare_int4. The model holds them and hands
+// them back to the same backend's linear(); it never reads their bytes.
+// The CPU forms below are the kernels' packed layouts (kernels/cpu/kernels.h);
+// a backend that computes elsewhere keeps its own form behind the same
+// fields' sizes (bytes()).
+#pragma once
+
+#include <cstdint>
+
+#include "core/aligned.h"
+
+namespace kvant {
+
+// INT4 products take input sizes and group sizes that are multiples of this
+// (the kernels' activation block); others stay BF16.
+inline constexpr int64_t kInt4Block = 32;
+
+// A linear layer's BF16 weight [rows = out, cols = in], in the "P16 pairs"
+// layout (the VDPBF16PS operand order) so every product reads it without
+// repacking. A row can be read back (embeddings, export).
+struct Matrix {
+  AlignedBuffer<uint16_t> packed;  // gemm_bf16_packed_size(rows, cols) elements
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool empty() const { return rows == 0; }
+  size_t bytes() const { return packed.size() * 2; }
+  // out[c] = float(W[r, c]) * scale (the CPU layout's inverse; see
+  // kernels/cpu/kernels.h, "P16 pairs").
+  void row_f32(int64_t r, float scale, float* out) const;
+};
+
+// A linear layer's W4A16 weight [rows = out, cols = in] in the "Q4 P16"
+// layout: nibbles, BF16 group scales, and zero offsets when the checkpoint is
+// asymmetric.
+struct Q4Matrix {
+  AlignedBuffer<uint8_t> w;
+  AlignedBuffer<uint16_t> scales;
+  AlignedBuffer<uint8_t> offs;  // empty when symmetric
+  int64_t rows = 0, cols = 0, group = 0;
+  bool empty() const { return rows == 0; }
+  size_t bytes() const { return w.size() + scales.size() * 2 + offs.size(); }
+};
+
+// A product as a weight set holds it: INT4 when q4 is non-empty, else BF16.
+// Both may be present (a BF16 copy kept for export); q4 wins in products.
+struct LinearRef {
+  const Matrix* bf16 = nullptr;
+  const Q4Matrix* q4 = nullptr;
+  bool is_int4() const { return q4 && !q4->empty(); }
+  int64_t rows() const { return is_int4() ? q4->rows : bf16->rows; }
+  int64_t cols() const { return is_int4() ? q4->cols : bf16->cols; }
+};
+
+}  // namespace kvant
