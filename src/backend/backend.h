@@ -37,6 +37,8 @@ struct WorkspaceSize {
   int64_t pages = 0;         // most pages of one sequence
   int64_t widest_input = 0;  // widest input of any linear product
   int64_t score_rows = 1;    // query rows one attention task scores at once
+  int64_t heads = 1;         // query heads (task lists: tokens * heads at most)
+  int64_t experts = 0, expert_groups = 1;  // MoE router scratch
 };
 
 // Decode attention of every decoding chunk of the step, read straight from

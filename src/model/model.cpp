@@ -59,7 +59,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const Weight
       checkpoint_is_int4(path) ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
   auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
   const WeightPrecision want[2] = {resolve(opts.prefill), resolve(opts.decode)};
-  auto be = backend::make_cpu_backend();
+  auto be = backend::make_backend(opts.backend);
+  if (!be) {
+    std::string names;
+    for (const auto& n : backend::available_backends()) names += (names.empty() ? "" : ", ") + n;
+    return make_error("unknown backend '" + opts.backend + "' (this build runs: " + names + ")");
+  }
   ModelConfig cfg;
   std::vector<ModelWeights> sets;
   std::vector<WeightPrecision> loaded;
@@ -99,7 +104,17 @@ void Model::reserve(int64_t tokens, int64_t context) {
                              c.heads * c.v_head_dim, c.q_lora_rank, c.kv_lora_rank,
                              c.heads * c.qk_nope_dim});
   s.score_rows = c.mla() ? 8 : c.heads / std::max<int64_t>(c.kv_heads, 1);
+  s.heads = c.heads;
+  s.experts = c.n_experts;
+  s.expert_groups = c.moe_n_group;
   be_->reserve(s);
+  // The step's metadata: at most one chunk per token.
+  plan_.chunks.reserve(size_t(tokens));
+  plan_.tokens.reserve(size_t(tokens));
+  plan_.decode_chunks.reserve(size_t(tokens));
+  plan_.decode_rows.reserve(size_t(tokens));
+  segs_.reserve(size_t(tokens));
+  logit_segs_.reserve(size_t(tokens));
 }
 
 void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t gather_rows) {

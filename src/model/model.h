@@ -54,6 +54,7 @@ struct WeightOptions {
   WeightPrecision decode = WeightPrecision::kNative;
   int int4_group = 128;       // quantizing a BF16/GGUF checkpoint at load (RTN)
   bool int4_lm_head = false;  // ... including the output projection
+  std::string backend = "cpu";  // backend::available_backends()
 };
 
 class Model {

@@ -1,6 +1,7 @@
 // Heap allocation counting for tests that check a steady state allocates
-// nothing. The counter and the replaced global operator new/delete are
-// defined once, in engine_sampler_test.cpp; this header only declares them.
+// nothing. The counter and the replaced global operator new/delete (and
+// aligned_alloc, which AlignedBuffer uses) are defined once, in
+// engine_sampler_test.cpp; this header only declares them.
 #pragma once
 
 #include <atomic>

@@ -40,7 +40,16 @@ Golden read_golden(const std::string& dir, int64_t vocab, const char* file = "lo
 
 using test::run_chunked;
 
-class GoldenTest : public ::testing::TestWithParam<std::string> {};
+// Every fixture on every backend (backend::available_backends()).
+class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  std::string arch() const { return std::get<0>(GetParam()); }
+  Result<std::unique_ptr<Model>> load() const {
+    WeightOptions o;
+    o.backend = std::get<1>(GetParam());
+    return Model::load(std::string(KVANT_FIXTURES) + "/golden/" + arch(), o);
+  }
+};
 
 // Compares against one reference file; `tol` is the bound on max |diff| as a
 // fraction of the reference logits' standard deviation.
@@ -102,25 +111,23 @@ void compare(Model& m, const std::string& name, const char* file, double tol, in
 // different order, rounded it apart (one BF16 ulp, then propagated): bound
 // 2.5% of the spread.
 TEST_P(GoldenTest, LogitsMatchTransformers) {
-  const std::string dir = std::string(KVANT_FIXTURES) + "/golden/" + GetParam();
-  auto m = Model::load(dir);
+  auto m = load();
   ASSERT_TRUE(m.ok()) << m.error().message;
-  compare(**m, GetParam(), "logits.f32", 0.05);
-  compare(**m, GetParam(), "logits_bf16act.f32", 0.025);
+  compare(**m, arch(), "logits.f32", 0.05);
+  compare(**m, arch(), "logits_bf16act.f32", 0.025);
   if ((*m)->config().mla()) {
     // Latent attention decodes another way (up-projections absorbed into the
     // query and output, attention over the cached latent rows): its products
     // round other intermediates to BF16 (the absorbed query, the attended
     // latent) than the BF16-activation reference does: compared with FP32.
-    compare(**m, GetParam(), "logits.f32", 0.05, 1);
+    compare(**m, arch(), "logits.f32", 0.05, 1);
   }
 }
 
 TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
-  const std::string dir = std::string(KVANT_FIXTURES) + "/golden/" + GetParam();
-  auto m = Model::load(dir);
+  auto m = load();
   ASSERT_TRUE(m.ok()) << m.error().message;
-  Golden g = read_golden(dir, (*m)->config().vocab);
+  Golden g = read_golden(std::string(KVANT_FIXTURES) + "/golden/" + arch(), (*m)->config().vocab);
   auto whole = run_chunked(**m, g.ids, 64);
   // Latent attention decodes single-token chunks another way (compared with
   // transformers above), so its chunks here all hold several tokens.
@@ -129,15 +136,18 @@ TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
     auto parts = run_chunked(**m, g.ids, chunk);
     ASSERT_EQ(parts.size(), whole.size());
     EXPECT_EQ(0, std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)))
-        << GetParam() << " differs bitwise with prefill chunk " << chunk;
+        << arch() << " differs bitwise with prefill chunk " << chunk;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, GoldenTest,
-                         ::testing::Values("llama3", "llama_tied", "qwen2", "qwen3", "gemma3",
-                                           "qwen3_moe", "glm4_moe", "deepseek_v3",
-                                           "deepseek_v3_noqlora", "glm_moe_dsa",
-                                           "glm_moe_dsa_sparse"));
+INSTANTIATE_TEST_SUITE_P(
+    Archs, GoldenTest,
+    ::testing::Combine(::testing::Values("llama3", "llama_tied", "qwen2", "qwen3", "gemma3",
+                                         "qwen3_moe", "glm4_moe", "deepseek_v3",
+                                         "deepseek_v3_noqlora", "glm_moe_dsa",
+                                         "glm_moe_dsa_sparse"),
+                       ::testing::ValuesIn(backend::available_backends())),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 }  // namespace
 }  // namespace kvant

@@ -51,14 +51,20 @@ struct GreedyCase {
   const char* fixture;
 };
 
-class GreedyGguf : public ::testing::TestWithParam<GreedyCase> {};
+// Both files on every backend (backend::available_backends()).
+class GreedyGguf : public ::testing::TestWithParam<std::tuple<GreedyCase, std::string>> {
+ protected:
+  const GreedyCase& gcase() const { return std::get<0>(GetParam()); }
+};
 
 TEST_P(GreedyGguf, MatchesTransformersOnTheSameGguf) {
-  const std::string path = std::string(KVANT_MODELS) + "/" + GetParam().file;
+  const std::string path = std::string(KVANT_MODELS) + "/" + gcase().file;
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing: run scripts/fetch_model.sh";
-  auto m = Model::load(path);
+  WeightOptions wo;
+  wo.backend = std::get<1>(GetParam());
+  auto m = Model::load(path, wo);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  std::ifstream f(std::string(KVANT_FIXTURES) + "/greedy/" + GetParam().fixture);
+  std::ifstream f(std::string(KVANT_FIXTURES) + "/greedy/" + gcase().fixture);
   auto j = nlohmann::json::parse(f);
   int cases = 0, full = 0;
   for (auto& cs : j["cases"]) {
@@ -88,13 +94,19 @@ TEST_P(GreedyGguf, MatchesTransformersOnTheSameGguf) {
     ++cases;
   }
   EXPECT_EQ(cases, 5);
-  std::printf("[greedy] %s: %d of %d prompts equal over all 64 tokens\n", GetParam().file, full, cases);
+  std::printf("[greedy] %s: %d of %d prompts equal over all 64 tokens\n", gcase().file, full, cases);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GreedyGguf,
-                         ::testing::Values(GreedyCase{"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.json"},
-                                           GreedyCase{"gemma-3-270m-q4_k_m.gguf", "gemma3.json"}),
-                         [](const auto& info) { return std::string(info.index == 0 ? "SmolLM2" : "Gemma3"); });
+INSTANTIATE_TEST_SUITE_P(
+    Models, GreedyGguf,
+    ::testing::Combine(
+        ::testing::Values(GreedyCase{"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.json"},
+                          GreedyCase{"gemma-3-270m-q4_k_m.gguf", "gemma3.json"}),
+        ::testing::ValuesIn(backend::available_backends())),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).fixture[0] == 's' ? "SmolLM2" : "Gemma3") + "_" +
+             std::get<1>(info.param);
+    });
 
 }  // namespace
 }  // namespace kvant

@@ -64,7 +64,12 @@ void CpuBackend::reserve(const WorkspaceSize& s) {
   }
   ensure_attention(std::max(s.score_rows, kPrefillQueries), s.context,
                    std::max(s.pages, s.context));
-  pieces_.reserve(size_t(s.tokens + s.pages));
+  decode_tasks_.reserve(size_t(s.tokens * s.heads));
+  prefill_tasks_.reserve(size_t(s.tokens * s.heads));
+  if (s.experts > 0) {
+    const RouterConfig rc{RouterScoring::kSoftmax, int(s.experts), 1, int(s.expert_groups)};
+    router_.resize(std::max(router_.size(), size_t(router_scratch_size(rc) + 1)));
+  }
 }
 
 void CpuBackend::ensure_attention(int64_t rows, int64_t ctx, int64_t pages) {
