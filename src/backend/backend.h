@@ -101,6 +101,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // What it runs on, for reports: the CPU backend's kernel ISA ("avx512bf16", ...).
+  virtual std::string device() const = 0;
 
   // --- Prepared weights (load time) ---
   // w: row-major BF16 [rows, cols].
@@ -193,5 +195,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 // op tests and the golden tests run once for each.
 std::vector<std::string> available_backends();
 std::unique_ptr<Backend> make_backend(const std::string& name);
+// The device string of the backend `name` would make ("" when unknown).
+std::string backend_device(const std::string& name);
 
 }  // namespace kvant::backend

@@ -13,7 +13,7 @@
 #include "core/cpu.h"
 #include "core/threads.h"
 #include "engine/engine.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/backend.h"
 #include "model/model.h"
 
 namespace kvant::cli {
@@ -136,7 +136,8 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   }
   const double pp_s = o.prompt_tokens > 0 ? o.prompt_tokens * o.reps / pp_sum : 0;
   const double tg_s = o.gen_tokens > 0 ? o.gen_tokens * o.reps / tg_sum : 0;
-  const char* isa = kernels::isa_name(kernels::active().isa);
+  const std::string isa_s = backend::backend_device("cpu");
+  const char* isa = isa_s.c_str();
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
@@ -351,7 +352,7 @@ int run_batch_bench(const BenchOpts& o) {
   nlohmann::json j;
   j["model"] = o.model;
   j["threads"] = num_threads();
-  j["isa"] = kernels::isa_name(kernels::active().isa);
+  j["isa"] = backend::backend_device("cpu");
   j["kv_memory"] = o.kv_memory;
   j["configs"] = configs;
   if (o.json) std::printf("%s\n", j.dump(2).c_str());

@@ -23,7 +23,7 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "cli/http_client.h"
+#include "eval/http_client.h"
 
 namespace kvant::cli {
 namespace {
@@ -48,6 +48,9 @@ struct ServeBenchOpts {
   std::string plot;                       // PNG, through bench/plot_serve.py
 };
 
+using eval::first_served_model;
+using eval::HttpTarget;
+using eval::parse_http_url;
 using Target = HttpTarget;
 
 struct Sample {

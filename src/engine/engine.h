@@ -172,15 +172,13 @@ class Engine {
 
   EngineStats stats() const;
 
-  // Tests and debugging: the cache and scheduler behind the engine, and a
-  // fault injector over them (nullptr until first asked for).
-  PagePool& pool() { return *pool_; }
-  Scheduler& scheduler() { return *scheduler_; }
+  // Page pool, tables and index invariants (tests, debug).
   Result<void> check_invariants() const;
-  // The scheduler sequence serving a request (0 when not running or waiting).
-  uint64_t sequence_of(RequestId id) const;
 
  private:
+  friend struct EngineTesting;  // engine/engine_testing.h: tests reach the internals
+  // The scheduler sequence serving a request (0 when not running or waiting).
+  uint64_t sequence_of(RequestId id) const;
   struct Req;
   Engine() = default;
   void admit_inbox();

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/host.h"
 
 namespace kvant {
 
@@ -25,7 +25,7 @@ double log_sum_exp(std::span<const float> logits, std::span<float> scratch) {
   const float mx = logits[best];
   if (std::isinf(mx)) return double(mx);  // all masked (-inf) or a certain token (+inf)
   std::copy(logits.begin(), logits.end(), scratch.begin());
-  kernels::active().softmax(scratch.data(), int64_t(n));
+  backend::host_softmax(scratch.data(), int64_t(n));
   return double(mx) - std::log(double(scratch[best]));
 }
 

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/check.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/host.h"
 
 namespace kvant {
 namespace {
@@ -231,7 +231,7 @@ int32_t Sampler::sample_softmax(std::span<const float> logits) {
   const float* __restrict lg = logits.data();
   const float inv_t = 1.f / p_.temperature;
   for (size_t i = 0; i < vocab; ++i) pr[i] = lg[i] * inv_t;
-  kernels::active().softmax(pr, int64_t(vocab));
+  backend::host_softmax(pr, int64_t(vocab));
 
   // Per-block sums give z and let the untruncated draw find its block
   // without a second pass over the row; four accumulators keep the sums off

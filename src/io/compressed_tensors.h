@@ -17,19 +17,11 @@
 #include <vector>
 
 #include "core/result.h"
+#include "numerics/int4.h"
 #include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
 
 namespace kvant {
-
-// Logical content of one W4A16 linear layer, whatever the file layout.
-struct Int4Weight {
-  int64_t rows = 0, cols = 0, group = 0;  // the last group of a row may be short
-  std::vector<int8_t> q;                  // [rows, cols], each in [-8, 7]
-  std::vector<float> scale;               // [rows, ceil(cols / group)] (BF16-representable values)
-  std::vector<int8_t> zero;               // [rows, ceil(cols / group)] in [-8, 7]; empty = symmetric
-  // w[r, c] = (q[r, c] - zero[r, c / group]) * scale[r, c / group]
-};
 
 struct Int4Scheme {
   int group_size = 128;

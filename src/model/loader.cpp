@@ -20,7 +20,7 @@
 #include "io/gguf.h"
 #include "io/tensor_source.h"
 #include "numerics/bf16.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 
 namespace kvant {
 namespace {

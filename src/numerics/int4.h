@@ -9,13 +9,15 @@
 // padded signed nibble would read back as -8). Matrices pack row by row, each
 // row padded on its own. Layout diagram: docs/FORMATS.md.
 //
-// Owns packing/unpacking only: no scales, no zero points, no dequantization
-// (those belong to quant/ and the kernels).
+// Also the logical content of one W4A16 linear (Int4Weight). Owns packing
+// and that container: the quantization rules are int4_rtn.h's, dequantizing
+// kernels are the kernels'.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace kvant {
 
@@ -54,5 +56,14 @@ void unpack_int4_rows(std::span<const int32_t> words, size_t rows, size_t cols,
 void pack_u4_bytes(std::span<const uint8_t> v, std::span<uint8_t> bytes);
 // bytes.size() must equal u4_bytes_for(v.size()); fills all of v.
 void unpack_u4_bytes(std::span<const uint8_t> bytes, std::span<uint8_t> v);
+
+// Logical content of one W4A16 linear layer, whatever the file layout.
+struct Int4Weight {
+  int64_t rows = 0, cols = 0, group = 0;  // the last group of a row may be short
+  std::vector<int8_t> q;                  // [rows, cols], each in [-8, 7]
+  std::vector<float> scale;               // [rows, ceil(cols / group)] (BF16-representable values)
+  std::vector<int8_t> zero;               // [rows, ceil(cols / group)] in [-8, 7]; empty = symmetric
+  // w[r, c] = (q[r, c] - zero[r, c / group]) * scale[r, c / group]
+};
 
 }  // namespace kvant

@@ -8,17 +8,19 @@
 
 #include "core/aligned.h"
 #include "core/threads.h"
-#include "kernels/cpu/kernels.h"
+#include "backend/backend.h"
 #include "numerics/bf16.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 
 namespace kvant {
 namespace {
 
-// y[n, rows] = x[n, cols] w[rows, cols]^T, BF16 inputs, FP32 sums.
-void product(const uint16_t* x, const uint16_t* w, int64_t n, int64_t rows, int64_t cols, float* y) {
-  const auto& K = kernels::active();
-  parallel_for(rows, 64, [&](int64_t r0, int64_t r1) { K.gemm_bf16(x, cols, w, cols, y, rows, n, r0, r1); });
+// y[n, rows] = x[n, cols] w[rows, cols]^T on the CPU backend: x rounded to
+// BF16 as every product does, BF16 weights, FP32 sums.
+void product(backend::Backend& be, const float* x, const uint16_t* w, int64_t n, int64_t rows,
+             int64_t cols, float* y) {
+  const Matrix m = be.prepare_bf16(w, rows, cols);
+  be.linear(backend::dense<const float>(x, n, cols), {&m, nullptr}, backend::dense(y, n, rows));
 }
 
 }  // namespace
@@ -32,11 +34,11 @@ AwqResult awq_search(const float* w, int64_t rows, int64_t cols, const float* x,
     for (int64_t c = 0; c < cols; ++c) mean_abs[size_t(c)] += std::fabs(x[i * cols + c]);
   for (auto& m : mean_abs) m = std::max(m / double(std::max<int64_t>(n, 1)), 1e-8);
 
-  AlignedBuffer<uint16_t> xb(size_t(n * cols)), wb(size_t(rows * cols));
-  for (int64_t i = 0; i < n * cols; ++i) xb[i] = f32_to_bf16(x[i]);
+  const auto be = backend::make_cpu_backend();
+  AlignedBuffer<uint16_t> wb(size_t(rows * cols));
   for (int64_t i = 0; i < rows * cols; ++i) wb[i] = f32_to_bf16(w[i]);
   std::vector<float> ref(size_t(n * rows)), out(size_t(n * rows));
-  product(xb.data(), wb.data(), n, rows, cols, ref.data());
+  product(*be, x, wb.data(), n, rows, cols, ref.data());
 
   std::vector<float> ws(size_t(rows * cols)), deq(size_t(rows * cols)), s(static_cast<size_t>(cols));
   double best_mse = -1;
@@ -58,7 +60,7 @@ AwqResult awq_search(const float* w, int64_t rows, int64_t cols, const float* x,
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         wb[size_t(r * cols + c)] = f32_to_bf16(deq[size_t(r * cols + c)] / s[size_t(c)]);
-    product(xb.data(), wb.data(), n, rows, cols, out.data());
+    product(*be, x, wb.data(), n, rows, cols, out.data());
     double se = 0;
     for (size_t i = 0; i < out.size(); ++i) se += double(out[i] - ref[i]) * double(out[i] - ref[i]);
     const double mse = se / double(std::max<size_t>(out.size(), 1));

@@ -21,7 +21,7 @@
 #include "model/config.h"
 #include "model/hf_export.h"
 #include "numerics/bf16.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 
 namespace kvant {
 namespace fs = std::filesystem;

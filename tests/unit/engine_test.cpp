@@ -4,6 +4,7 @@
 // pages, cancellation, stop handling and integrity faults injected into
 // live requests.
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -127,7 +128,7 @@ TEST(Engine, MatchesTheModelsSingleSequencePath) {
     EXPECT_EQ(out.tokens, want) << arch;
     EXPECT_EQ(out.finish, FinishReason::Length);
     EXPECT_EQ(out.finals, 1);
-    EXPECT_EQ((*e)->pool().used_pages(), (*e)->stats().kv_pages_used);
+    EXPECT_EQ(EngineTesting::pool(**e).used_pages(), (*e)->stats().kv_pages_used);
   }
 }
 
@@ -233,7 +234,7 @@ TEST(Engine, BatchInvariantAcrossMixesChunksAndPreemption) {
       preemptions += (*e)->stats().preemptions;
       EXPECT_TRUE((*e)->check_invariants().ok());
       if (!o.prefix_caching) {
-        EXPECT_EQ((*e)->pool().used_pages(), 0);
+        EXPECT_EQ(EngineTesting::pool(**e).used_pages(), 0);
       }
     }
     EXPECT_GT(preemptions, 0) << arch << ": the small pools should have forced preemption";
@@ -351,7 +352,7 @@ TEST(Engine, CancelReturnsEveryPage) {
   EXPECT_EQ(got[3].finish, FinishReason::Abort);
   for (RequestId id : {ids[1], ids[2], ids[4]}) eng.cancel(id);
   ASSERT_TRUE(eng.run_until_idle().ok());
-  EXPECT_EQ(eng.pool().used_pages(), 0);
+  EXPECT_EQ(EngineTesting::pool(eng).used_pages(), 0);
   for (auto& g : got) EXPECT_EQ(g.finals, 1);
   EXPECT_EQ(eng.stats().requests_aborted, 6);
 }
@@ -430,12 +431,12 @@ TEST(Engine, IntegrityFaultAbortsOnlyTheVictim) {
     for (size_t i = 0; i < ps.size(); ++i)
       ids.push_back(eng.submit(greedy_request(ps[i], 12, &got[i])).value());
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(eng.step().ok());
-    const uint64_t seq = eng.sequence_of(ids[1]);
+    const uint64_t seq = EngineTesting::sequence_of(eng, ids[1]);
     ASSERT_NE(seq, 0u);
-    PageTable* victim = eng.scheduler().table_for_fault_injection(seq);
+    PageTable* victim = EngineTesting::scheduler(eng).table_for_fault_injection(seq);
     ASSERT_NE(victim, nullptr);
     ASSERT_GE(victim->pages.size(), 2u);
-    FaultInjector fi(eng.pool());
+    FaultInjector fi(EngineTesting::pool(eng));
     PageTable thief;
     switch (fault) {
       case 0:
@@ -449,7 +450,7 @@ TEST(Engine, IntegrityFaultAbortsOnlyTheVictim) {
         break;
       case 3: {
         // Point the entry at a page of another live request.
-        PageTable* other = eng.scheduler().table_for_fault_injection(eng.sequence_of(ids[2]));
+        PageTable* other = EngineTesting::scheduler(eng).table_for_fault_injection(EngineTesting::sequence_of(eng, ids[2]));
         fi.redirect_entry(*victim, 0, other->pages[0].page);
         break;
       }
@@ -467,7 +468,7 @@ TEST(Engine, IntegrityFaultAbortsOnlyTheVictim) {
     // After the abort and the repair, the books balance again and every page
     // comes back.
     EXPECT_TRUE(eng.check_invariants().ok()) << eng.check_invariants().error().message;
-    EXPECT_EQ(eng.pool().used_pages(), 0);
+    EXPECT_EQ(EngineTesting::pool(eng).used_pages(), 0);
   }
 }
 
@@ -536,7 +537,7 @@ TEST(Engine, FaultCampaignThroughTheEngine) {
   std::vector<std::unique_ptr<Live>> all;
   std::vector<Live*> live;
   int faults = 0, detected = 0, clean_completions = 0, steps = 0, clean_steps_with_violations = 0;
-  FaultInjector fi(eng.pool());
+  FaultInjector fi(EngineTesting::pool(eng));
   while (faults < 1000) {
     while (live.size() < 10) {
       auto l = std::make_unique<Live>();
@@ -550,13 +551,13 @@ TEST(Engine, FaultCampaignThroughTheEngine) {
     if (steps % 2 == 1) {
       std::vector<Live*> cand;
       for (Live* l : live) {
-        const uint64_t seq = eng.sequence_of(l->id);
-        PageTable* t = seq ? eng.scheduler().table_for_fault_injection(seq) : nullptr;
+        const uint64_t seq = EngineTesting::sequence_of(eng, l->id);
+        PageTable* t = seq ? EngineTesting::scheduler(eng).table_for_fault_injection(seq) : nullptr;
         if (!l->faulted && t && !t->pages.empty()) cand.push_back(l);
       }
       if (!cand.empty()) {
         Live* v = cand[size_t(std::uniform_int_distribution<int>(0, int(cand.size()) - 1)(rng))];
-        PageTable* t = eng.scheduler().table_for_fault_injection(eng.sequence_of(v->id));
+        PageTable* t = EngineTesting::scheduler(eng).table_for_fault_injection(EngineTesting::sequence_of(eng, v->id));
         const size_t idx =
             size_t(std::uniform_int_distribution<int>(0, int(t->pages.size()) - 1)(rng));
         PageTable thief;
@@ -572,7 +573,7 @@ TEST(Engine, FaultCampaignThroughTheEngine) {
             break;
           case 3: {
             const uint32_t other = uint32_t(
-                std::uniform_int_distribution<int64_t>(0, eng.pool().num_pages() - 1)(rng));
+                std::uniform_int_distribution<int64_t>(0, EngineTesting::pool(eng).num_pages() - 1)(rng));
             if (other == t->pages[idx].page)
               fi.flip_generation(*t, idx, 0x80000000u);
             else
@@ -616,7 +617,7 @@ TEST(Engine, FaultCampaignThroughTheEngine) {
   EXPECT_EQ(clean_steps_with_violations, 0);
   EXPECT_GT(clean_completions, 100);
   EXPECT_TRUE(eng.check_invariants().ok()) << eng.check_invariants().error().message;
-  EXPECT_EQ(eng.pool().used_pages(), 0);
+  EXPECT_EQ(EngineTesting::pool(eng).used_pages(), 0);
   std::printf(
       "engine fault campaign: %d faults, %d detected, %d clean completions equal to solo runs, %d "
       "steps\n",
@@ -745,5 +746,5 @@ TEST(Engine, PromptLogprobsMatchTheModelAndSkipOnlyWhatTheyMay) {
   auto r2 = eng.submit(request(1, int(V) + 1, true, 0, &bad));
   ASSERT_FALSE(r2.ok());
   EXPECT_NE(r2.error().message.find("prompt_logprobs"), std::string::npos);
-  EXPECT_EQ(eng.pool().used_pages(), eng.stats().kv_pages_used);
+  EXPECT_EQ(EngineTesting::pool(eng).used_pages(), eng.stats().kv_pages_used);
 }

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "eval/data.h"
+#include "eval/kl_baseline.h"
 #include "eval/report.h"
 #include "eval/scorer.h"
 #include "eval/stats.h"
@@ -433,3 +434,49 @@ TEST(EvalLoglik, MatchesTransformersOnTheDefaultModel) {
               "max %.4f (fp32); same pick %d/%d\n",
               n_items, n_choices, sum_abs / n_choices, worst_bf16, worst_fp32, same_pick, n_items);
 }
+
+namespace kvant::eval {
+namespace {
+
+TEST(EvalKlBaseline, HeaderAndWholeRecords) {
+  const std::string path = ::testing::TempDir() + "/kvant_kl_test.kvkl";
+  const nlohmann::json h = {{"window", 4}, {"score", 2}, {"top_k", 3}, {"vocab", 10}};
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << "KVKL1\n" << h.dump() << "\n";
+    // Two whole records and half of a third (a killed writer).
+    const size_t rec = 8 + 4 * 4 + 2 * (4 + 3 * 8);
+    EXPECT_EQ(rec, 80u);
+    std::string bytes(2 * rec + rec / 2, '\0');
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  std::ifstream f(path, std::ios::binary);
+  auto k = read_kl_header(f, path);
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  EXPECT_EQ(k->window, 4);
+  EXPECT_EQ(k->score, 2);
+  EXPECT_EQ(k->k, 3);
+  EXPECT_EQ(k->record_bytes(), 80u);
+  EXPECT_EQ(k->header_bytes, 6 + h.dump().size() + 1);
+  EXPECT_EQ(k->windows, 2);
+
+  {
+    std::ofstream g(path, std::ios::trunc);
+    g << "KVKL2\n{}\n";
+  }
+  std::ifstream g(path, std::ios::binary);
+  auto bad = read_kl_header(g, path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("not a kvant KL baseline"), std::string::npos);
+  {
+    std::ofstream g2(path, std::ios::trunc);
+    g2 << "KVKL1\n{\"window\": 4}\n";
+  }
+  std::ifstream g3(path, std::ios::binary);
+  auto no_score = read_kl_header(g3, path);
+  ASSERT_FALSE(no_score.ok());
+  EXPECT_NE(no_score.error().message.find("bad header"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvant::eval

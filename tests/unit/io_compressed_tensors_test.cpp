@@ -13,7 +13,7 @@
 #include <random>
 
 #include "io/compressed_tensors.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "numerics/bf16.h"

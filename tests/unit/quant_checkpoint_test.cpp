@@ -26,7 +26,7 @@
 #include "numerics/bf16.h"
 #include "numerics/fp8.h"
 #include "quant/checkpoint.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvant {

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "numerics/bf16.h"
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 
 namespace kvant {
 namespace {

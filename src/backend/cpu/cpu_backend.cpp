@@ -305,6 +305,11 @@ std::unique_ptr<Backend> make_cpu_backend() {
 
 std::vector<std::string> available_backends() { return {"cpu"}; }
 
+std::string backend_device(const std::string& name) {
+  auto b = make_backend(name);
+  return b ? b->device() : std::string();
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "cpu-scalar")

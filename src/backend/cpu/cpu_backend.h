@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   // threads: 0 = the process's OpenMP thread count; 1 = no parallel regions.
   explicit CpuBackend(const kernels::KernelTable& k, int threads = 0, const char* name = "cpu");
   const char* name() const override { return name_; }
+  std::string device() const override { return kernels::isa_name(K_.isa); }
   const kernels::KernelTable& kernels() const { return K_; }
 
   Matrix prepare_bf16(const uint16_t* w, int64_t rows, int64_t cols) const override;

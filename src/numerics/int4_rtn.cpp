@@ -1,6 +1,6 @@
 // The scale is rounded to BF16 before q is chosen, so q is the best integer
 // for the scale that is actually stored, not for the exact one.
-#include "quant/rtn.h"
+#include "numerics/int4_rtn.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "cli/http_client.h"
+#include "eval/http_client.h"
 
 // clang-format off
 #include <utility>  // before Asio: its awaitable.hpp uses std::exchange
@@ -7,7 +7,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-namespace kvant::cli {
+namespace kvant::eval {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -72,4 +72,4 @@ Result<std::string> first_served_model(const HttpTarget& t, const std::string& a
   }
 }
 
-}  // namespace kvant::cli
+}  // namespace kvant::eval

@@ -21,12 +21,13 @@
 //    round(hi/s) + round(-lo/s) reach 16 and hi clips to 7.
 // round() in the asymmetric rule is round-half-to-even, as torch.round. Owns the arithmetic only:
 // no file layout (io/compressed_tensors.h), no choice of which tensors to
-// quantize (quant/checkpoint.h).
+// quantize (quant/checkpoint.h). Below the model, so that the loader can
+// quantize at load.
 #pragma once
 
 #include <cstdint>
 
-#include "io/compressed_tensors.h"
+#include "numerics/int4.h"
 
 namespace kvant {
 

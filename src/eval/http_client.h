@@ -8,7 +8,7 @@
 
 #include "core/result.h"
 
-namespace kvant::cli {
+namespace kvant::eval {
 
 struct HttpTarget {
   std::string host, port, prefix;  // prefix: a path before /v1, "" usually
@@ -27,4 +27,4 @@ Result<nlohmann::json> http_json(const HttpTarget& t, const std::string& api_key
 // The id of the first model that /v1/models lists.
 Result<std::string> first_served_model(const HttpTarget& t, const std::string& api_key);
 
-}  // namespace kvant::cli
+}  // namespace kvant::eval

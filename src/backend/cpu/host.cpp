@@ -1,0 +1,10 @@
+// Host-side operations (backend/host.h) on the CPU kernel table.
+#include "backend/host.h"
+
+#include "kernels/cpu/kernels.h"
+
+namespace kvant::backend {
+
+void host_softmax(float* x, int64_t n) { kernels::active().softmax(x, n); }
+
+}  // namespace kvant::backend
