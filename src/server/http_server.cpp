@@ -93,6 +93,9 @@ class Server {
   // Returns false when the connection must close after this request.
   awaitable<bool> handle(std::shared_ptr<Connection> conn, Request& req);
   awaitable<bool> generate(std::shared_ptr<Connection> conn, Request& req, Endpoint endpoint);
+  std::optional<ApiError> tokenize_prompt(Endpoint endpoint, ParsedRequest& pr,
+                                          std::vector<int32_t>& ids);
+  awaitable<bool> write_sse_head(std::shared_ptr<Connection> conn, const Request& req);
   awaitable<void> watch_disconnect(std::shared_ptr<Connection> conn,
                                    std::shared_ptr<Generation> gen);
   awaitable<bool> send(std::shared_ptr<Connection> conn, const Request& req, http::status status,
@@ -184,6 +187,85 @@ ApiError api_error(int status, std::string message, std::string type, std::strin
   e.type = std::move(type);
   e.code = std::move(code);
   return e;
+}
+
+// A token as logprobs show it: its text, or "token_id:<id>" when the request asks for ids.
+std::string token_text(const Tokenizer& tok, bool as_ids, int32_t id) {
+  return as_ids ? "token_id:" + std::to_string(id) : tok.decode(std::span<const int32_t>(&id, 1));
+}
+
+// A generated token's logprob and its alternatives, as text.
+TokenLogprobText token_logprob_text(const Tokenizer& tok, bool as_ids, const StepLogprobs& s) {
+  TokenLogprobText t;
+  t.token = token_text(tok, as_ids, s.chosen.token);
+  t.logprob = s.chosen.logprob;
+  for (const auto& a : s.top_tokens())
+    t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
+  return t;
+}
+
+// The echoed prompt's tokens with the logprobs that came in `batch`, null where none came.
+std::vector<TokenLogprobText> echo_logprobs(const Tokenizer& tok, bool as_ids,
+                                            const std::vector<int32_t>& echo_ids,
+                                            const std::deque<Event>& batch) {
+  std::vector<TokenLogprobText> lps;
+  const PromptLogprobs* plp = nullptr;
+  for (const Event& ev : batch)
+    if (ev.prompt_logprobs) plp = ev.prompt_logprobs.get();
+  for (size_t p = 0; p < echo_ids.size(); ++p) {
+    TokenLogprobText t;
+    t.token = token_text(tok, as_ids, echo_ids[p]);
+    const int64_t i = plp ? int64_t(p) - plp->first : -1;
+    if (i >= 0 && i < plp->size()) {
+      t.logprob = plp->chosen[size_t(i)].logprob;
+      for (const auto& a : plp->top_at(i))
+        t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
+    } else {
+      t.has_logprob = false;
+    }
+    lps.push_back(std::move(t));
+  }
+  return lps;
+}
+
+// The engine's request for a parsed one, without its on_event callback.
+kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids) {
+  kvant::Request er;
+  er.prompt = std::move(ids);
+  er.sampling = pr.sampling;
+  er.stop = pr.stop;
+  er.logprobs = pr.logprobs && !pr.prompt_only;
+  er.prompt_only = pr.prompt_only;
+  if (pr.echo && pr.logprobs) {
+    er.prompt_logprobs = pr.top_logprobs;
+    er.prompt_logprobs_from = std::min<int64_t>(pr.prompt_logprobs_from, int64_t(er.prompt.size()));
+  }
+  return er;
+}
+
+// One batch's SSE events; advances `text_offset` past the delta.
+std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
+                       bool first_chunk, const std::string& delta,
+                       const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
+                       bool finished, const std::string& finish, const std::string& error,
+                       const Usage& usage) {
+  std::string out;
+  // The finish goes in a chunk of its own after the last text, the way
+  // OpenAI's stream ends.
+  if (!delta.empty() || !delta_lps.empty() || first_chunk)
+    out += "data: " +
+           dump_json(stream_chunk(endpoint, meta, first_chunk, delta,
+                                  pr.logprobs ? &delta_lps : nullptr, text_offset, "", "")) +
+           "\n\n";
+  text_offset += int64_t(delta.size());
+  if (finished) {
+    out += "data: " +
+           dump_json(stream_chunk(endpoint, meta, false, "", nullptr, text_offset, finish, error)) +
+           "\n\n";
+    if (pr.include_usage) out += "data: " + dump_json(usage_chunk(endpoint, meta, usage)) + "\n\n";
+    out += "data: [DONE]\n\n";
+  }
+  return out;
 }
 
 awaitable<void> Server::accept_loop() {
@@ -395,45 +477,8 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
   const Tokenizer& tok = engine_.tokenizer();
 
   std::vector<int32_t> ids;
-  if (endpoint == Endpoint::Chat) {
-    if (!opt_.render_chat)
-      co_return co_await send_error(
-          conn, req, api_error(400, "this model has no chat template", "invalid_request_error"));
-    auto r = opt_.render_chat(pr.messages);
-    if (!r)
-      co_return co_await send_error(conn, req,
-                                    api_error(400, r.error().message, "invalid_request_error"));
-    ids = std::move(*r);
-  } else if (pr.prompt_is_ids) {
-    ids = std::move(pr.prompt_ids);
-    for (int32_t t : ids)
-      if (t >= tok.vocab_size()) {
-        ApiError e =
-            api_error(400,
-                      "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                          std::to_string(tok.vocab_size()) + ")",
-                      "invalid_request_error");
-        e.param = "prompt";
-        co_return co_await send_error(conn, req, e);
-      }
-  } else {
-    ids = tok.encode(pr.prompt, /*add_bos=*/true, /*parse_special=*/true);
-  }
-  const int64_t ctx = engine_.capacity().max_context;
-  if (ids.empty()) {
-    ApiError e = api_error(400, "the prompt is empty after tokenization", "invalid_request_error");
-    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
-    co_return co_await send_error(conn, req, e);
-  }
-  if (int64_t(ids.size()) >= ctx) {
-    ApiError e = api_error(400,
-                           "this model's context holds " + std::to_string(ctx) +
-                               " tokens, but the prompt has " + std::to_string(ids.size()) +
-                               " tokens (the prompt plus at least one generated token must fit)",
-                           "invalid_request_error", "context_length_exceeded");
-    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
-    co_return co_await send_error(conn, req, e);
-  }
+  const std::optional<ApiError> bad_prompt = tokenize_prompt(endpoint, pr, ids);
+  if (bad_prompt) co_return co_await send_error(conn, req, *bad_prompt);
   if (queued_.load() >= opt_.max_waiting)
     co_return co_await send_error(conn, req,
                                   api_error(429,
@@ -451,16 +496,7 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
     echo_ids = ids;
     echo_text = pr.prompt_is_ids ? tok.decode(echo_ids) : pr.prompt;
   }
-  kvant::Request er;
-  er.prompt = std::move(ids);
-  er.sampling = pr.sampling;
-  er.stop = pr.stop;
-  er.logprobs = pr.logprobs && !pr.prompt_only;
-  er.prompt_only = pr.prompt_only;
-  if (pr.echo && pr.logprobs) {
-    er.prompt_logprobs = pr.top_logprobs;
-    er.prompt_logprobs_from = std::min<int64_t>(pr.prompt_logprobs_from, int64_t(er.prompt.size()));
-  }
+  kvant::Request er = engine_request(pr, std::move(ids));
   er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
   queued_.fetch_add(1);
   in_flight_.fetch_add(1);
@@ -487,22 +523,8 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
   std::string finish, error;
   bool first_chunk = true, write_failed = false;
   int64_t text_offset = 0;
-
-  auto token_text = [&](int32_t id) {
-    return pr.tokens_as_ids ? "token_id:" + std::to_string(id)
-                            : tok.decode(std::span<const int32_t>(&id, 1));
-  };
-  auto token_lp = [&](const StepLogprobs& s) {
-    TokenLogprobText t;
-    t.token = token_text(s.chosen.token);
-    t.logprob = s.chosen.logprob;
-    for (const auto& a : s.top_tokens()) t.top.emplace_back(token_text(a.token), a.logprob);
-    return t;
-  };
   bool echoed = false;
 
-  std::optional<http::response_serializer<http::empty_body>> sr;
-  http::response<http::empty_body> head{http::status::ok, req.version()};
   auto write_chunk = [&](std::string data) -> awaitable<void> {
     if (write_failed) co_return;
     beast::error_code ec;
@@ -517,16 +539,8 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
     }
   };
   if (pr.stream) {
-    head.set(http::field::server, "kvant");
-    head.set(http::field::content_type, "text/event-stream");
-    head.set(http::field::cache_control, "no-cache");
-    head.keep_alive(false);
-    head.chunked(true);
-    sr.emplace(head);
-    beast::error_code ec;
-    co_await http::async_write_header(conn->stream, *sr, asio::redirect_error(use_awaitable, ec));
-    metrics_.count_http(200);
-    if (ec) {
+    const bool head_written = co_await write_sse_head(conn, req);
+    if (!head_written) {
       write_failed = true;
       cancel(*gen);
     }
@@ -552,27 +566,12 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
       // request failed before its prompt was computed).
       echoed = true;
       delta = echo_text;
-      if (pr.logprobs) {
-        const PromptLogprobs* plp = nullptr;
-        for (const Event& ev : batch)
-          if (ev.prompt_logprobs) plp = ev.prompt_logprobs.get();
-        for (size_t p = 0; p < echo_ids.size(); ++p) {
-          TokenLogprobText t;
-          t.token = token_text(echo_ids[p]);
-          const int64_t i = plp ? int64_t(p) - plp->first : -1;
-          if (i >= 0 && i < plp->size()) {
-            t.logprob = plp->chosen[size_t(i)].logprob;
-            for (const auto& a : plp->top_at(i)) t.top.emplace_back(token_text(a.token), a.logprob);
-          } else {
-            t.has_logprob = false;
-          }
-          delta_lps.push_back(std::move(t));
-        }
-      }
+      if (pr.logprobs) delta_lps = echo_logprobs(tok, pr.tokens_as_ids, echo_ids, batch);
     }
     for (Event& ev : batch) {
       delta += ev.text;
-      if (pr.logprobs && ev.has_logprobs) delta_lps.push_back(token_lp(ev.logprobs));
+      if (pr.logprobs && ev.has_logprobs)
+        delta_lps.push_back(token_logprob_text(tok, pr.tokens_as_ids, ev.logprobs));
       usage.prompt_tokens = ev.prompt_tokens;
       usage.completion_tokens = ev.completion_tokens;
       usage.cached_tokens = ev.cached_tokens;
@@ -584,25 +583,9 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
     }
     if (pr.stream && !write_failed) {
       if (!delta.empty() || !delta_lps.empty() || first_chunk || gen->finished) {
-        std::string out;
-        // The finish goes in a chunk of its own after the last text, the way
-        // OpenAI's stream ends.
-        if (!delta.empty() || !delta_lps.empty() || first_chunk)
-          out += "data: " +
-                 dump_json(stream_chunk(endpoint, meta, first_chunk, delta,
-                                        pr.logprobs ? &delta_lps : nullptr, text_offset, "", "")) +
-                 "\n\n";
+        std::string out = sse_events(endpoint, meta, pr, first_chunk, delta, delta_lps, text_offset,
+                                     gen->finished, finish, error, usage);
         first_chunk = false;
-        text_offset += int64_t(delta.size());
-        if (gen->finished) {
-          out += "data: " +
-                 dump_json(
-                     stream_chunk(endpoint, meta, false, "", nullptr, text_offset, finish, error)) +
-                 "\n\n";
-          if (pr.include_usage)
-            out += "data: " + dump_json(usage_chunk(endpoint, meta, usage)) + "\n\n";
-          out += "data: [DONE]\n\n";
-        }
         co_await write_chunk(std::move(out));
       }
     } else if (!pr.stream) {
@@ -627,6 +610,64 @@ awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
       full_response(endpoint, meta, text, pr.logprobs ? &lps : nullptr, finish, error, usage);
   co_await send(conn, req, http::status::ok, dump_json(body), "application/json", false);
   co_return false;
+}
+
+// The prompt's token ids, checked against the vocabulary and the context; the error otherwise.
+std::optional<ApiError> Server::tokenize_prompt(Endpoint endpoint, ParsedRequest& pr,
+                                                std::vector<int32_t>& ids) {
+  const Tokenizer& tok = engine_.tokenizer();
+  if (endpoint == Endpoint::Chat) {
+    if (!opt_.render_chat)
+      return api_error(400, "this model has no chat template", "invalid_request_error");
+    auto r = opt_.render_chat(pr.messages);
+    if (!r) return api_error(400, r.error().message, "invalid_request_error");
+    ids = std::move(*r);
+  } else if (pr.prompt_is_ids) {
+    ids = std::move(pr.prompt_ids);
+    for (int32_t t : ids)
+      if (t >= tok.vocab_size()) {
+        ApiError e =
+            api_error(400,
+                      "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                          std::to_string(tok.vocab_size()) + ")",
+                      "invalid_request_error");
+        e.param = "prompt";
+        return e;
+      }
+  } else {
+    ids = tok.encode(pr.prompt, /*add_bos=*/true, /*parse_special=*/true);
+  }
+  const int64_t ctx = engine_.capacity().max_context;
+  if (ids.empty()) {
+    ApiError e = api_error(400, "the prompt is empty after tokenization", "invalid_request_error");
+    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
+    return e;
+  }
+  if (int64_t(ids.size()) >= ctx) {
+    ApiError e = api_error(400,
+                           "this model's context holds " + std::to_string(ctx) +
+                               " tokens, but the prompt has " + std::to_string(ids.size()) +
+                               " tokens (the prompt plus at least one generated token must fit)",
+                           "invalid_request_error", "context_length_exceeded");
+    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
+    return e;
+  }
+  return std::nullopt;
+}
+
+// Starts a chunked text/event-stream response; false when its header cannot be written.
+awaitable<bool> Server::write_sse_head(std::shared_ptr<Connection> conn, const Request& req) {
+  http::response<http::empty_body> head{http::status::ok, req.version()};
+  head.set(http::field::server, "kvant");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  head.keep_alive(false);
+  head.chunked(true);
+  http::response_serializer<http::empty_body> sr(head);
+  beast::error_code ec;
+  co_await http::async_write_header(conn->stream, sr, asio::redirect_error(use_awaitable, ec));
+  metrics_.count_http(200);
+  co_return !ec;
 }
 
 void Server::begin_shutdown() {

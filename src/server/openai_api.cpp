@@ -143,6 +143,126 @@ std::optional<ApiError> message_content(const json& c, size_t i, std::string& ou
              param);
 }
 
+// Chat: 'messages', each an object with a known role and text content.
+std::optional<ApiError> read_messages(Reader& rd, ParsedRequest& r) {
+  const json* m = rd.field("messages");
+  if (!m) return bad("'messages' is required", "messages");
+  if (!m->is_array())
+    return bad(std::string("'messages' must be an array, got ") + type_name(*m), "messages");
+  if (m->empty()) return bad("'messages' must not be empty", "messages");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) return bad("'" + p + "' must be an object", p);
+    auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string())
+      return bad("'" + p + ".role' is required and must be a string", p + ".role");
+    const std::string rs = role->get<std::string>();
+    if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer" && rs != "tool")
+      return bad("'" + p +
+                     ".role' must be system, developer, user, assistant or "
+                     "tool, got '" +
+                     rs + "'",
+                 p + ".role");
+    std::string content;
+    auto c = msg.find("content");
+    if (c == msg.end() || c->is_null()) {
+      if (rs != "assistant") return bad("'" + p + ".content' is required", p + ".content");
+    } else if (auto e = message_content(*c, i, content)) {
+      return *e;
+    }
+    r.messages.emplace_back(rs == "developer" ? "system" : rs, std::move(content));
+  }
+  return std::nullopt;
+}
+
+// A prompt given as token ids: each an integer in int32's range.
+std::optional<ApiError> read_prompt_ids(const json& a, ParsedRequest& r) {
+  for (const json& t : a) {
+    if (!t.is_number_integer()) return bad("'prompt' token ids must be integers", "prompt");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v > std::numeric_limits<int32_t>::max())
+      return bad("'prompt' token id " + t.dump() + " is out of range", "prompt");
+    r.prompt_ids.push_back(int32_t(v));
+  }
+  r.prompt_is_ids = true;
+  return std::nullopt;
+}
+
+// Completions: 'prompt' (text, token ids or a list of one of those) and the fields only they take.
+std::optional<ApiError> read_prompt(Reader& rd, ParsedRequest& r) {
+  const json* p = rd.field("prompt");
+  if (!p) return bad("'prompt' is required", "prompt");
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) return bad("'prompt' must not be empty", "prompt");
+    const json& first = (*p)[0];
+    if (first.is_string() || first.is_array()) {
+      if (p->size() != 1)
+        return bad("only one prompt per request is supported, got " + std::to_string(p->size()),
+                   "prompt");
+      if (first.is_string())
+        r.prompt = first.get<std::string>();
+      else if (auto e = read_prompt_ids(first, r))
+        return *e;
+    } else if (auto e = read_prompt_ids(*p, r)) {
+      return *e;
+    }
+  } else {
+    return bad(std::string("'prompt' must be a string, a list of token ids or a "
+                           "list of one of those, got ") +
+                   type_name(*p),
+               "prompt");
+  }
+  if (!r.prompt_is_ids && r.prompt.empty()) return bad("'prompt' must not be empty", "prompt");
+  if (r.prompt_is_ids && r.prompt_ids.empty()) return bad("'prompt' must not be empty", "prompt");
+  if (auto echo = rd.boolean("echo")) r.echo = *echo;
+  if (auto f = rd.integer("prompt_logprobs_from", 1, std::numeric_limits<int32_t>::max()))
+    r.prompt_logprobs_from = *f;
+  if (auto t = rd.boolean("return_tokens_as_token_ids")) r.tokens_as_ids = *t;
+  if (rd.err) return rd.err;
+  if (auto s = rd.string("suffix"); s && !s->empty())
+    return bad("'suffix' is not supported", "suffix");
+  rd.integer("best_of", 1, 1);
+  if (rd.err) return rd.err;
+  return std::nullopt;
+}
+
+// 'stop': a string or a list of strings, within the engine's limits; errors go to rd.err.
+void read_stop(Reader& rd, ParsedRequest& r) {
+  const json* st = rd.field("stop");
+  if (!st || rd.err) return;
+  auto add = [&](const json& s) {
+    if (!s.is_string()) {
+      rd.err = bad("'stop' must be a string or a list of strings", "stop");
+      return;
+    }
+    r.stop.stop.push_back(s.get<std::string>());
+  };
+  if (st->is_string()) {
+    add(*st);
+  } else if (st->is_array()) {
+    if (st->size() > kMaxStopStrings)
+      rd.err = bad("'stop' takes at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+                       std::to_string(st->size()),
+                   "stop");
+    for (const json& s : *st)
+      if (!rd.err) add(s);
+  } else {
+    rd.type_error("stop", "a string or a list of strings", *st);
+  }
+  for (const auto& s : r.stop.stop) {
+    if (rd.err) break;
+    if (s.empty())
+      rd.err = bad("'stop' strings must not be empty", "stop");
+    else if (s.size() > kMaxStopStringBytes)
+      rd.err = bad("'stop' strings are at most " + std::to_string(kMaxStopStringBytes) +
+                       " bytes, got one of " + std::to_string(s.size()),
+                   "stop");
+  }
+}
+
 }  // namespace
 
 std::string dump_json(const json& j) {
@@ -188,87 +308,9 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
   r.model = *model;
 
   if (endpoint == Endpoint::Chat) {
-    const json* m = rd.field("messages");
-    if (!m) return {std::nullopt, bad("'messages' is required", "messages")};
-    if (!m->is_array())
-      return {std::nullopt,
-              bad(std::string("'messages' must be an array, got ") + type_name(*m), "messages")};
-    if (m->empty()) return {std::nullopt, bad("'messages' must not be empty", "messages")};
-    for (size_t i = 0; i < m->size(); ++i) {
-      const json& msg = (*m)[i];
-      const std::string p = "messages[" + std::to_string(i) + "]";
-      if (!msg.is_object()) return {std::nullopt, bad("'" + p + "' must be an object", p)};
-      auto role = msg.find("role");
-      if (role == msg.end() || !role->is_string())
-        return {std::nullopt,
-                bad("'" + p + ".role' is required and must be a string", p + ".role")};
-      const std::string rs = role->get<std::string>();
-      if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer" && rs != "tool")
-        return {std::nullopt, bad("'" + p +
-                                      ".role' must be system, developer, user, assistant or "
-                                      "tool, got '" +
-                                      rs + "'",
-                                  p + ".role")};
-      std::string content;
-      auto c = msg.find("content");
-      if (c == msg.end() || c->is_null()) {
-        if (rs != "assistant")
-          return {std::nullopt, bad("'" + p + ".content' is required", p + ".content")};
-      } else if (auto e = message_content(*c, i, content)) {
-        return {std::nullopt, *e};
-      }
-      r.messages.emplace_back(rs == "developer" ? "system" : rs, std::move(content));
-    }
-  } else {
-    const json* p = rd.field("prompt");
-    if (!p) return {std::nullopt, bad("'prompt' is required", "prompt")};
-    auto ids_from = [&](const json& a) -> std::optional<ApiError> {
-      for (const json& t : a) {
-        if (!t.is_number_integer()) return bad("'prompt' token ids must be integers", "prompt");
-        const int64_t v = t.get<int64_t>();
-        if (v < 0 || v > std::numeric_limits<int32_t>::max())
-          return bad("'prompt' token id " + t.dump() + " is out of range", "prompt");
-        r.prompt_ids.push_back(int32_t(v));
-      }
-      r.prompt_is_ids = true;
-      return std::nullopt;
-    };
-    if (p->is_string()) {
-      r.prompt = p->get<std::string>();
-    } else if (p->is_array()) {
-      if (p->empty()) return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
-      const json& first = (*p)[0];
-      if (first.is_string() || first.is_array()) {
-        if (p->size() != 1)
-          return {std::nullopt,
-                  bad("only one prompt per request is supported, got " + std::to_string(p->size()),
-                      "prompt")};
-        if (first.is_string())
-          r.prompt = first.get<std::string>();
-        else if (auto e = ids_from(first))
-          return {std::nullopt, *e};
-      } else if (auto e = ids_from(*p)) {
-        return {std::nullopt, *e};
-      }
-    } else {
-      return {std::nullopt, bad(std::string("'prompt' must be a string, a list of token ids or a "
-                                            "list of one of those, got ") +
-                                    type_name(*p),
-                                "prompt")};
-    }
-    if (!r.prompt_is_ids && r.prompt.empty())
-      return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
-    if (r.prompt_is_ids && r.prompt_ids.empty())
-      return {std::nullopt, bad("'prompt' must not be empty", "prompt")};
-    if (auto echo = rd.boolean("echo")) r.echo = *echo;
-    if (auto f = rd.integer("prompt_logprobs_from", 1, std::numeric_limits<int32_t>::max()))
-      r.prompt_logprobs_from = *f;
-    if (auto t = rd.boolean("return_tokens_as_token_ids")) r.tokens_as_ids = *t;
-    if (rd.err) return {std::nullopt, *rd.err};
-    if (auto s = rd.string("suffix"); s && !s->empty())
-      return {std::nullopt, bad("'suffix' is not supported", "suffix")};
-    rd.integer("best_of", 1, 1);
-    if (rd.err) return {std::nullopt, *rd.err};
+    if (auto e = read_messages(rd, r)) return {std::nullopt, *e};
+  } else if (auto e = read_prompt(rd, r)) {
+    return {std::nullopt, *e};
   }
 
   constexpr int64_t kMaxTokens = int64_t(1) << 30;
@@ -326,36 +368,7 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
                    "logprobs");
   }
   r.sampling.top_logprobs = std::min(r.top_logprobs, kMaxTopLogprobs);
-  if (const json* st = rd.field("stop"); st && !rd.err) {
-    auto add = [&](const json& s) {
-      if (!s.is_string()) {
-        rd.err = bad("'stop' must be a string or a list of strings", "stop");
-        return;
-      }
-      r.stop.stop.push_back(s.get<std::string>());
-    };
-    if (st->is_string()) {
-      add(*st);
-    } else if (st->is_array()) {
-      if (st->size() > kMaxStopStrings)
-        rd.err = bad("'stop' takes at most " + std::to_string(kMaxStopStrings) + " strings, got " +
-                         std::to_string(st->size()),
-                     "stop");
-      for (const json& s : *st)
-        if (!rd.err) add(s);
-    } else {
-      rd.type_error("stop", "a string or a list of strings", *st);
-    }
-    for (const auto& s : r.stop.stop) {
-      if (rd.err) break;
-      if (s.empty())
-        rd.err = bad("'stop' strings must not be empty", "stop");
-      else if (s.size() > kMaxStopStringBytes)
-        rd.err = bad("'stop' strings are at most " + std::to_string(kMaxStopStringBytes) +
-                         " bytes, got one of " + std::to_string(s.size()),
-                     "stop");
-    }
-  }
+  read_stop(rd, r);
   if (auto u = rd.string("user")) r.user = *u;
   // Not OpenAI's: keeps generating past end-of-generation tokens (benchmarks).
   if (auto ie = rd.boolean("ignore_eos")) r.stop.ignore_eos = *ie;
