@@ -148,6 +148,9 @@ struct Engine::Impl {
   EngineStats stats;
   uint64_t seed_counter = 0;
   std::mutex stats_mu;  // stats() may be read from another thread
+
+  void build_batch(const StepPlan& plan, PagePool& pool);
+  void record_prompt_logprobs(const StepPlan& plan, int64_t vocab);
 };
 
 Engine::~Engine() {
@@ -424,82 +427,66 @@ void Engine::admit_inbox() {
   }
 }
 
-Result<bool> Engine::step() {
-  // OpenMP's thread count is per calling thread; the stepping thread may not
-  // be the one that created the engine.
-  if (options_.threads > 0 && num_threads() != options_.threads) set_num_threads(options_.threads);
-  admit_inbox();
+// The integrity pass over every (sequence, page, generation) the step
+// touches: entries of failing sequences are marked in `skip`, and each
+// failing request is aborted, naming its first bad page.
+void Engine::check_step_integrity(const StepPlan& plan) {
   auto& I = *impl_;
   auto& S = I.stats;
-  if (options_.debug_fault_interval > 0 && (S.steps + 1) % options_.debug_fault_interval == 0) {
-    // Debug fault: the youngest running request's last page is freed while
-    // its table still lists it (it may be reallocated in this very step).
-    for (auto it = I.reqs.rbegin(); it != I.reqs.rend(); ++it) {
-      PageTable* t =
-          it->second->done ? nullptr : scheduler_->table_for_fault_injection(it->second->seq);
-      if (t == nullptr || t->pages.empty()) continue;
-      FaultInjector fi(*pool_);
-      if (fi.free_while_referenced(*t, t->pages.size() - 1).ok()) ++S.faults_injected;
-      break;
-    }
-  }
-  const StepPlan& plan = scheduler_->schedule();
-  if (plan.empty()) {
-    KV_TRY(scheduler_->commit({}));
-    return !I.reqs.empty();
-  }
   const size_t n = plan.sequences.size();
-  S.preemptions += int64_t(plan.preempted.size());
-
-  // Integrity pass: every (sequence, page, generation) the step touches.
   I.skip.assign(n, 0);
-  if (options_.integrity_checks) {
-    const double t0 = now_s();
-    I.items.clear();
-    for (const auto& e : plan.sequences) I.items.push_back({e.id, e.pages});
-    I.failures.clear();
-    I.verifier->verify(I.items, I.failures);
-    S.verify_seconds += now_s() - t0;
-    for (const auto& f : I.failures) {
-      for (size_t i = 0; i < n; ++i)
-        if (plan.sequences[i].id == f.sequence) I.skip[i] = 1;
-    }
-    // One abort per failing request, naming its first bad page.
-    for (const auto& f : I.failures) {
-      auto it = I.by_seq.find(f.sequence);
-      if (it == I.by_seq.end() || it->second->done) continue;
-      Req& r = *it->second;
-      const std::string msg = "KV cache integrity check failed, request aborted: page " +
-                              std::to_string(f.page) + " (entry " + std::to_string(f.index) +
-                              ") expected generation " + std::to_string(f.expected_generation) +
-                              ", found " + std::to_string(f.actual_generation) + " (" +
-                              verify_fault_name(f.fault) + ")";
-      finish_request(r, FinishReason::Error, msg, true);
-      I.reqs.erase(r.id);
-    }
-    S.integrity_violations += int64_t(I.failures.size());
-    // The faulty tables are gone; pages a corrupted entry kept from the
-    // free list come back.
-    if (!I.failures.empty()) S.pages_repaired += scheduler_->repair_pool();
+  if (!options_.integrity_checks) return;
+  const double t0 = now_s();
+  I.items.clear();
+  for (const auto& e : plan.sequences) I.items.push_back({e.id, e.pages});
+  I.failures.clear();
+  I.verifier->verify(I.items, I.failures);
+  S.verify_seconds += now_s() - t0;
+  for (const auto& f : I.failures) {
+    for (size_t i = 0; i < n; ++i)
+      if (plan.sequences[i].id == f.sequence) I.skip[i] = 1;
   }
+  // One abort per failing request, naming its first bad page.
+  for (const auto& f : I.failures) {
+    auto it = I.by_seq.find(f.sequence);
+    if (it == I.by_seq.end() || it->second->done) continue;
+    Req& r = *it->second;
+    const std::string msg = "KV cache integrity check failed, request aborted: page " +
+                            std::to_string(f.page) + " (entry " + std::to_string(f.index) +
+                            ") expected generation " + std::to_string(f.expected_generation) +
+                            ", found " + std::to_string(f.actual_generation) + " (" +
+                            verify_fault_name(f.fault) + ")";
+    finish_request(r, FinishReason::Error, msg, true);
+    I.reqs.erase(r.id);
+  }
+  S.integrity_violations += int64_t(I.failures.size());
+  // The faulty tables are gone; pages a corrupted entry kept from the
+  // free list come back.
+  if (!I.failures.empty()) S.pages_repaired += scheduler_->repair_pool();
+}
 
-  // The batch: every remaining entry, its pages as addresses.
-  I.batch.tokens.clear();
-  I.batch.seqs.clear();
-  I.batch_index.clear();
-  I.row0.clear();
-  if (I.page_ptrs.size() < n) I.page_ptrs.resize(n);
-  I.spans.assign(n, KvSpan{});
+// The step's batch: every entry the integrity pass kept, its pages as
+// addresses, with the first logits row of each chunk in row0 and all rows
+// asked for where the chunk covers prompt positions whose log-probabilities
+// are wanted.
+void Engine::Impl::build_batch(const StepPlan& plan, PagePool& pool) {
+  const size_t n = plan.sequences.size();
+  batch.tokens.clear();
+  batch.seqs.clear();
+  batch_index.clear();
+  row0.clear();
+  if (page_ptrs.size() < n) page_ptrs.resize(n);
+  spans.assign(n, KvSpan{});
   for (size_t i = 0; i < n; ++i) {
-    if (I.skip[i]) continue;
+    if (skip[i]) continue;
     const auto& e = plan.sequences[i];
-    auto& ptrs = I.page_ptrs[i];
+    auto& ptrs = page_ptrs[i];
     ptrs.resize(e.pages.size());
-    for (size_t p = 0; p < e.pages.size(); ++p) ptrs[p] = pool_->page_data(e.pages[p].page);
-    I.spans[i] = KvSpan{&I.format, ptrs.data(), int64_t(ptrs.size())};
-    I.batch.tokens.insert(I.batch.tokens.end(), e.tokens.begin(), e.tokens.end());
-    SeqChunk chunk{&I.spans[i], e.start, e.n_tokens, false};
-    Req* rq = I.by_seq[e.id];
+    for (size_t p = 0; p < e.pages.size(); ++p) ptrs[p] = pool.page_data(e.pages[p].page);
+    spans[i] = KvSpan{&format, ptrs.data(), int64_t(ptrs.size())};
+    batch.tokens.insert(batch.tokens.end(), e.tokens.begin(), e.tokens.end());
+    SeqChunk chunk{&spans[i], e.start, e.n_tokens, false};
+    Req* rq = by_seq[e.id];
     if (rq->request.prompt_logprobs >= 0 && !rq->plp_sent) {
       // Rows q in [from - 1, prompt - 2] predict prompt positions q + 1.
       const int64_t lo = rq->plp.first - 1, hi = rq->prompt_tokens - 2;
@@ -508,53 +495,39 @@ Result<bool> Engine::step() {
         chunk.logit_skip = std::max<int64_t>(0, lo - e.start);
       }
     }
-    I.row0.push_back(I.batch.seqs.empty()
-                         ? 0
-                         : I.row0.back() + I.batch.seqs.back().logit_count());
-    I.batch.seqs.push_back(chunk);
-    I.batch_index.push_back(i);
-    if (e.kind == StepKind::Prefill) S.prompt_tokens += e.n_tokens;
-    Req* r = I.by_seq[e.id];
+    row0.push_back(batch.seqs.empty() ? 0 : row0.back() + batch.seqs.back().logit_count());
+    batch.seqs.push_back(chunk);
+    batch_index.push_back(i);
+    if (e.kind == StepKind::Prefill) stats.prompt_tokens += e.n_tokens;
+    Req* r = by_seq[e.id];
     if (r->cached_tokens < 0) r->cached_tokens = e.start;
   }
-  const int64_t vocab = model_->config().vocab;
-  I.sampled.assign(n, -1);
-  if (!I.batch.seqs.empty()) {
-    I.logits.resize(size_t(I.batch.logit_rows()) * size_t(vocab));
-    const double t0 = now_s();
-    auto fr = model_->forward(I.batch, I.logits);
-    S.forward_seconds += now_s() - t0;
-    if (!fr.ok()) {
-      // The batch was rejected as a whole: fail its requests, keep the engine.
-      for (size_t j = 0; j < I.batch_index.size(); ++j) {
-        Req* r = I.by_seq[plan.sequences[I.batch_index[j]].id];
-        if (r && !r->done) {
-          finish_request(*r, FinishReason::Error, fr.error().message, true);
-          I.reqs.erase(r->id);
-        }
-      }
-      KV_TRY(scheduler_->commit(I.sampled));
-      return true;
-    }
-  }
+}
 
-  // Prompt log-probabilities from the chunks that computed all their rows.
-  for (size_t j = 0; j < I.batch_index.size(); ++j) {
-    const SeqChunk& ch = I.batch.seqs[j];
+// Prompt log-probabilities from the chunks that computed all their rows.
+void Engine::Impl::record_prompt_logprobs(const StepPlan& plan, int64_t vocab) {
+  for (size_t j = 0; j < batch_index.size(); ++j) {
+    const SeqChunk& ch = batch.seqs[j];
     if (!ch.all_logits) continue;
-    const auto& e = plan.sequences[I.batch_index[j]];
-    Req& r = *I.by_seq[e.id];
-    I.lp_scratch.resize(size_t(vocab));
+    const auto& e = plan.sequences[batch_index[j]];
+    Req& r = *by_seq[e.id];
+    lp_scratch.resize(size_t(vocab));
     for (int64_t k = 0; k < ch.logit_count(); ++k) {
       const int64_t p = e.start + ch.logit_skip + k + 1;  // the position this row predicts
       if (p < r.plp.first || p >= r.prompt_tokens) continue;
-      std::span<const float> row(I.logits.data() + size_t(I.row0[j] + k) * size_t(vocab),
+      std::span<const float> row(logits.data() + size_t(row0[j] + k) * size_t(vocab),
                                  size_t(vocab));
-      r.plp.record(p, row, r.request.prompt[size_t(p)], I.lp_scratch);
+      r.plp.record(p, row, r.request.prompt[size_t(p)], lp_scratch);
     }
   }
+}
 
-  // Sample, run the stop logic, stream.
+// Samples a token for every chunk that ends its sequence's tokens, runs the
+// stop logic and streams the events; requests that end go to to_finish, to
+// be let go after the scheduler's commit.
+void Engine::sample_and_stream(const StepPlan& plan, int64_t vocab) {
+  auto& I = *impl_;
+  auto& S = I.stats;
   I.to_finish.clear();
   for (size_t j = 0; j < I.batch_index.size(); ++j) {
     const size_t i = I.batch_index[j];
@@ -590,6 +563,59 @@ Result<bool> Engine::step() {
       emit(r, tok, st.text, lp, FinishReason::None, "");
     }
   }
+}
+
+Result<bool> Engine::step() {
+  // OpenMP's thread count is per calling thread; the stepping thread may not
+  // be the one that created the engine.
+  if (options_.threads > 0 && num_threads() != options_.threads) set_num_threads(options_.threads);
+  admit_inbox();
+  auto& I = *impl_;
+  auto& S = I.stats;
+  if (options_.debug_fault_interval > 0 && (S.steps + 1) % options_.debug_fault_interval == 0) {
+    // Debug fault: the youngest running request's last page is freed while
+    // its table still lists it (it may be reallocated in this very step).
+    for (auto it = I.reqs.rbegin(); it != I.reqs.rend(); ++it) {
+      PageTable* t =
+          it->second->done ? nullptr : scheduler_->table_for_fault_injection(it->second->seq);
+      if (t == nullptr || t->pages.empty()) continue;
+      FaultInjector fi(*pool_);
+      if (fi.free_while_referenced(*t, t->pages.size() - 1).ok()) ++S.faults_injected;
+      break;
+    }
+  }
+  const StepPlan& plan = scheduler_->schedule();
+  if (plan.empty()) {
+    KV_TRY(scheduler_->commit({}));
+    return !I.reqs.empty();
+  }
+  const size_t n = plan.sequences.size();
+  S.preemptions += int64_t(plan.preempted.size());
+
+  check_step_integrity(plan);
+  I.build_batch(plan, *pool_);
+  const int64_t vocab = model_->config().vocab;
+  I.sampled.assign(n, -1);
+  if (!I.batch.seqs.empty()) {
+    I.logits.resize(size_t(I.batch.logit_rows()) * size_t(vocab));
+    const double t0 = now_s();
+    auto fr = model_->forward(I.batch, I.logits);
+    S.forward_seconds += now_s() - t0;
+    if (!fr.ok()) {
+      // The batch was rejected as a whole: fail its requests, keep the engine.
+      for (size_t j = 0; j < I.batch_index.size(); ++j) {
+        Req* r = I.by_seq[plan.sequences[I.batch_index[j]].id];
+        if (r && !r->done) {
+          finish_request(*r, FinishReason::Error, fr.error().message, true);
+          I.reqs.erase(r->id);
+        }
+      }
+      KV_TRY(scheduler_->commit(I.sampled));
+      return true;
+    }
+  }
+  I.record_prompt_logprobs(plan, vocab);
+  sample_and_stream(plan, vocab);
   KV_TRY(scheduler_->commit(I.sampled));
   for (Req* r : I.to_finish) {
     if (scheduler_->find(r->seq) != nullptr)

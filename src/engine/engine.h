@@ -38,6 +38,7 @@ class PagePool;
 class PrefixIndex;
 class Scheduler;
 class FaultInjector;
+struct StepPlan;
 
 using RequestId = uint64_t;
 
@@ -185,6 +186,9 @@ class Engine {
   void finish_request(Req& r, FinishReason reason, std::string_view error, bool in_scheduler);
   void emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,
             FinishReason finish, std::string_view error);
+  // Parts of step(), in the order it runs them.
+  void check_step_integrity(const StepPlan& plan);
+  void sample_and_stream(const StepPlan& plan, int64_t vocab);
 
   EngineOptions options_;
   std::unique_ptr<Model> model_;
