@@ -120,81 +120,82 @@ Result<void> write_gguf_tokenizer(const GgufFile& g, const fs::path& out, std::v
   return {};
 }
 
-}  // namespace
-
-nlohmann::json QuantizeSummary::to_json() const {
-  return {{"input_bytes", input_bytes},
-          {"output_bytes", output_bytes},
-          {"quantized_tensors", quantized_tensors},
-          {"kept_tensors", kept_tensors},
-          {"quantized_bf16_bytes", quantized_bf16_bytes},
-          {"quantized_int4_bytes", quantized_int4_bytes},
-          {"quantized_ratio", quantized_int4_bytes ? double(quantized_bf16_bytes) / double(quantized_int4_bytes) : 0.0},
-          {"mean_rel_rms_error", mean_rel_rms},
-          {"max_rel_rms_error", max_rel_rms},
-          {"ignore", ignore},
-          {"warnings", warnings},
-          {"files", files}};
-}
-
-Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
-  QuantizeSummary sum;
-  if (o.group_size <= 0) return make_error("quantize: group size must be positive");
+// The --keep patterns as ECMAScript regexes.
+Result<std::vector<std::regex>> compile_keep_patterns(const std::vector<std::string>& patterns) {
   std::vector<std::regex> keep;
-  for (const auto& k : o.keep) {
+  for (const auto& k : patterns) {
     try {
       keep.emplace_back(k, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
       return make_error("quantize: --keep pattern '" + k + "' is not a valid regex: " + e.what());
     }
   }
-  auto warn = [&](const std::string& m) {
-    sum.warnings.push_back(m);
-    if (o.warn) o.warn(m);
-  };
+  return keep;
+}
 
-  std::error_code ec;
-  const bool is_dir = fs::is_directory(o.in, ec);
-  const bool gguf = !is_dir && ends_with(o.in, ".gguf");
-  auto src_r = open_tensor_source(o.in);
-  if (!src_r) return src_r.error();
-  const TensorSource& src = **src_r;
+// Records a warning in the summary and passes it to the caller's callback.
+void add_warning(const QuantizeOptions& o, QuantizeSummary& sum, const std::string& m) {
+  sum.warnings.push_back(m);
+  if (o.warn) o.warn(m);
+}
 
-  nlohmann::json config;
-  std::optional<GgufFile> g;
-  ModelConfig mc;
-  fs::path in_dir;
+// What the input says about the model besides its tensors.
+struct InputConfig {
+  nlohmann::json config;      // the output's config.json, before quantization_config
+  std::optional<GgufFile> g;  // a GGUF input's metadata
+  ModelConfig mc;             // a GGUF input's model config
+  fs::path in_dir;            // a safetensors input's directory
+};
+
+// Reads the input's config: from a GGUF's metadata, else from config.json in
+// the input's directory (which must not be quantized already).
+Result<void> read_input_config(const QuantizeOptions& o, bool is_dir, bool gguf, InputConfig& in) {
   if (gguf) {
     auto gr = GgufFile::open(o.in);
     if (!gr) return gr.error();
-    g.emplace(std::move(*gr));
-    auto c = config_from_gguf(*g);
+    in.g.emplace(std::move(*gr));
+    auto c = config_from_gguf(*in.g);
     if (!c) return c.error();
-    mc = *c;
-    config = hf_config_json(mc);
+    in.mc = *c;
+    in.config = hf_config_json(in.mc);
   } else {
-    in_dir = is_dir ? fs::path(o.in) : fs::path(o.in).parent_path();
-    auto c = read_hf_config(in_dir.string());
+    in.in_dir = is_dir ? fs::path(o.in) : fs::path(o.in).parent_path();
+    auto c = read_hf_config(in.in_dir.string());
     if (!c) return make_error(c.error().message + " (quantize needs the input's config.json)");
-    config = std::move(*c);
+    in.config = std::move(*c);
+    nlohmann::json& config = in.config;
     if (config.contains("quantization_config") && config["quantization_config"].is_object() &&
         config["quantization_config"].value("quant_method", std::string()) == "compressed-tensors")
       return make_error(o.in + ": already quantized (compressed-tensors quantization_config)");
   }
+  return {};
+}
 
-  // Plan every output tensor.
+// The planned output tensor named n, or null.
+Item* find_item(std::vector<Item>& items, const std::string& n) {
+  for (auto& i : items)
+    if (i.out == n) return &i;
+  return nullptr;
+}
+
+// One item per output tensor, in the input's order, with its Hugging Face
+// name (FP8 block scales are applied on read and have none); with
+// quantize_lm_head and tied embeddings, an untied lm_head copied from them.
+Result<std::vector<Item>> plan_items(const TensorSource& src, const QuantizeOptions& o, bool gguf,
+                                     InputConfig& in) {
   std::vector<Item> items;
   for (const auto& t : src.tensors()) {
     if (!gguf && ends_with(t.name, "_scale_inv")) {
       const auto* w = src.find(t.name.substr(0, t.name.size() - 10));
-      if (w && (w->dtype == DType::F8_E4M3 || w->dtype == DType::F8_E5M2)) continue;  // applied on read
+      if (w && (w->dtype == DType::F8_E4M3 || w->dtype == DType::F8_E5M2))
+        continue;  // applied on read
     }
     Item it;
     it.src = &t;
     it.shape = t.shape;
     it.out = t.name;
     if (gguf) {
-      auto m = gguf_to_hf(t.name, mc);
+      auto m = gguf_to_hf(t.name, in.mc);
       if (!m) return make_error(o.in + ": " + m.error().message);
       it.out = m->hf_name;
       it.unpermute_heads = m->unpermute_heads;
@@ -202,25 +203,32 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     }
     items.push_back(std::move(it));
   }
-  auto find_out = [&](const std::string& n) -> Item* {
-    for (auto& i : items)
-      if (i.out == n) return &i;
-    return nullptr;
-  };
-  if (o.quantize_lm_head && !find_out("lm_head.weight")) {
-    Item* e = find_out("model.embed_tokens.weight");
-    if (!e) return make_error(o.in + ": --quantize-lm-head: neither lm_head.weight nor model.embed_tokens.weight found");
+  if (o.quantize_lm_head && !find_item(items, "lm_head.weight")) {
+    Item* e = find_item(items, "model.embed_tokens.weight");
+    if (!e)
+      return make_error(o.in +
+                        ": --quantize-lm-head: neither lm_head.weight nor "
+                        "model.embed_tokens.weight found");
     Item lm = *e;
     lm.out = "lm_head.weight";
     items.push_back(lm);
-    config["tie_word_embeddings"] = false;
+    in.config["tie_word_embeddings"] = false;
   }
+  return items;
+}
 
+// Decides which items are quantized and their output dtypes, and returns
+// every output tensor's spec; the modules kept at high precision go to
+// sum.ignore.
+std::vector<TensorSpec> plan_specs(std::vector<Item>& items, const QuantizeOptions& o,
+                                   const std::vector<std::regex>& keep, QuantizeSummary& sum) {
   std::vector<TensorSpec> specs;
   for (auto& it : items) {
-    const bool linear = is_block_linear(it.out, it.shape) || (o.quantize_lm_head && it.out == "lm_head.weight");
+    const bool linear =
+        is_block_linear(it.out, it.shape) || (o.quantize_lm_head && it.out == "lm_head.weight");
     bool q = linear && !is_int_dtype(it.src->dtype);
-    if (q && std::any_of(keep.begin(), keep.end(), [&](const std::regex& r) { return std::regex_search(it.out, r); }))
+    if (q && std::any_of(keep.begin(), keep.end(),
+                         [&](const std::regex& r) { return std::regex_search(it.out, r); }))
       q = false;
     // A group size that does not divide the columns leaves a short last
     // group (ceil(cols / group) scales per row), which kvant and
@@ -228,36 +236,39 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
     // engines whose kernels need whole groups. Columns must be a multiple
     // of 32 either way (kvant's INT4 kernels take 32 at a time).
     if (q && it.shape[1] % o.group_size != 0 && (o.strict_groups || it.shape[1] % 32 != 0)) {
-      warn(it.out + ": " + std::to_string(it.shape[1]) + " columns are not a multiple of " +
-           std::to_string(o.strict_groups ? o.group_size : 32) + "; kept in BF16");
+      add_warning(o, sum,
+                  it.out + ": " + std::to_string(it.shape[1]) + " columns are not a multiple of " +
+                      std::to_string(o.strict_groups ? o.group_size : 32) + "; kept in BF16");
       q = false;
     }
     it.quantize = q;
     const std::string base = it.out.substr(0, it.out.size() - 7);  // without ".weight"
     if (q) {
-      for (auto& s : int4_weight_specs(base, it.shape[0], it.shape[1], o.group_size, o.asymmetric)) specs.push_back(s);
+      for (auto& s : int4_weight_specs(base, it.shape[0], it.shape[1], o.group_size, o.asymmetric))
+        specs.push_back(s);
       continue;
     }
-    if (is_int_dtype(it.src->dtype)) it.out_dtype = it.src->dtype;
-    else if (it.shape.size() <= 1 && it.src->dtype == DType::F32) it.out_dtype = DType::F32;
-    else it.out_dtype = DType::BF16;
+    if (is_int_dtype(it.src->dtype))
+      it.out_dtype = it.src->dtype;
+    else if (it.shape.size() <= 1 && it.src->dtype == DType::F32)
+      it.out_dtype = DType::F32;
+    else
+      it.out_dtype = DType::BF16;
     specs.push_back({it.out, it.out_dtype, it.shape});
-    if (it.shape.size() == 2 && ends_with(it.out, ".weight") && it.out.find("embed") == std::string::npos)
+    if (it.shape.size() == 2 && ends_with(it.out, ".weight") &&
+        it.out.find("embed") == std::string::npos)
       sum.ignore.push_back(base);
   }
-  if (!find_out("lm_head.weight") && std::find(sum.ignore.begin(), sum.ignore.end(), "lm_head") == sum.ignore.end())
+  if (!find_item(items, "lm_head.weight") &&
+      std::find(sum.ignore.begin(), sum.ignore.end(), "lm_head") == sum.ignore.end())
     sum.ignore.push_back("lm_head");  // tied: the module exists and stays high precision
+  return specs;
+}
 
-  fs::create_directories(o.out, ec);
-  if (ec) return make_error(o.out + ": cannot create directory: " + ec.message());
-  // The input stays mapped while the output is written: never the same directory.
-  const fs::path src_dir = gguf ? fs::path(o.in).parent_path() : in_dir;
-  if (!gguf && fs::equivalent(src_dir.empty() ? fs::path(".") : src_dir, o.out, ec))
-    return make_error(o.out + ": is the input directory; write the quantized checkpoint elsewhere");
-  auto wr = SafetensorsWriter::create(o.out, std::move(specs), o.max_shard_bytes);
-  if (!wr) return wr.error();
-  SafetensorsWriter& w = *wr;
-
+// Reads every item to FP32 in turn, quantizes or narrows it and writes it,
+// counting sizes and errors in the summary; then finishes the writer.
+Result<void> write_tensors(const TensorSource& src, const std::vector<Item>& items,
+                           const QuantizeOptions& o, SafetensorsWriter& w, QuantizeSummary& sum) {
   std::vector<float> v;
   double rel_rms_sum = 0;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -277,7 +288,8 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
       for (auto& x : v) x += it.add;
     if (o.adjust) o.adjust(it.out, it.shape, v);
     if (it.quantize) {
-      const Int4Weight q = rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size, o.asymmetric);
+      const Int4Weight q =
+          rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size, o.asymmetric);
       const std::string base = it.out.substr(0, it.out.size() - 7);
       for (const auto& td : int4_weight_tensors(base, q)) {
         KV_TRY(w.write(td.spec.name, td.bytes));
@@ -304,6 +316,75 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   }
   KV_TRY(w.finish());
   if (sum.quantized_tensors > 0) sum.mean_rel_rms = rel_rms_sum / double(sum.quantized_tensors);
+  return {};
+}
+
+// Copies a safetensors input's tokenizer and generation files that exist
+// into `out`, adding each to files.
+Result<void> copy_tokenizer_files(const fs::path& in_dir, const fs::path& out,
+                                  std::vector<std::string>& files) {
+  std::error_code ec;
+  for (const char* f :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "generation_config.json", "chat_template.jinja", "tokenizer.model", "tokenizer.gguf"}) {
+    if (!fs::exists(in_dir / f)) continue;
+    fs::copy_file(in_dir / f, out / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) return make_error((in_dir / f).string() + ": cannot copy: " + ec.message());
+    files.push_back(f);
+  }
+  return {};
+}
+
+}  // namespace
+
+nlohmann::json QuantizeSummary::to_json() const {
+  return {{"input_bytes", input_bytes},
+          {"output_bytes", output_bytes},
+          {"quantized_tensors", quantized_tensors},
+          {"kept_tensors", kept_tensors},
+          {"quantized_bf16_bytes", quantized_bf16_bytes},
+          {"quantized_int4_bytes", quantized_int4_bytes},
+          {"quantized_ratio", quantized_int4_bytes ? double(quantized_bf16_bytes) / double(quantized_int4_bytes) : 0.0},
+          {"mean_rel_rms_error", mean_rel_rms},
+          {"max_rel_rms_error", max_rel_rms},
+          {"ignore", ignore},
+          {"warnings", warnings},
+          {"files", files}};
+}
+
+Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
+  QuantizeSummary sum;
+  if (o.group_size <= 0) return make_error("quantize: group size must be positive");
+  auto keep = compile_keep_patterns(o.keep);
+  if (!keep) return keep.error();
+
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(o.in, ec);
+  const bool gguf = !is_dir && ends_with(o.in, ".gguf");
+  auto src_r = open_tensor_source(o.in);
+  if (!src_r) return src_r.error();
+  const TensorSource& src = **src_r;
+
+  InputConfig in;
+  KV_TRY(read_input_config(o, is_dir, gguf, in));
+
+  // Plan every output tensor.
+  auto planned = plan_items(src, o, gguf, in);
+  if (!planned) return planned.error();
+  std::vector<Item>& items = *planned;
+  std::vector<TensorSpec> specs = plan_specs(items, o, *keep, sum);
+
+  fs::create_directories(o.out, ec);
+  if (ec) return make_error(o.out + ": cannot create directory: " + ec.message());
+  // The input stays mapped while the output is written: never the same directory.
+  const fs::path src_dir = gguf ? fs::path(o.in).parent_path() : in.in_dir;
+  if (!gguf && fs::equivalent(src_dir.empty() ? fs::path(".") : src_dir, o.out, ec))
+    return make_error(o.out + ": is the input directory; write the quantized checkpoint elsewhere");
+  auto wr = SafetensorsWriter::create(o.out, std::move(specs), o.max_shard_bytes);
+  if (!wr) return wr.error();
+  SafetensorsWriter& w = *wr;
+
+  KV_TRY(write_tensors(src, items, o, w, sum));
   sum.files = w.files();
   if (w.files().size() > 1) sum.files.push_back("model.safetensors.index.json");
   sum.output_bytes = w.total_bytes();
@@ -314,22 +395,17 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   scheme.symmetric = !o.asymmetric;
   scheme.ignore = sum.ignore;
   // A checkpoint with nothing quantized (everything kept) is a plain BF16 one.
-  if (sum.quantized_tensors > 0) config["quantization_config"] = quantization_config_json(scheme);
-  else config.erase("quantization_config");
-  KV_TRY(write_text(fs::path(o.out) / "config.json", config.dump(2) + "\n"));
+  if (sum.quantized_tensors > 0)
+    in.config["quantization_config"] = quantization_config_json(scheme);
+  else
+    in.config.erase("quantization_config");
+  KV_TRY(write_text(fs::path(o.out) / "config.json", in.config.dump(2) + "\n"));
   sum.files.push_back("config.json");
 
   if (gguf) {
-    KV_TRY(write_gguf_tokenizer(*g, o.out, sum.files));
+    KV_TRY(write_gguf_tokenizer(*in.g, o.out, sum.files));
   } else {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json", "chat_template.jinja", "tokenizer.model",
-                          "tokenizer.gguf"}) {
-      if (!fs::exists(in_dir / f)) continue;
-      fs::copy_file(in_dir / f, fs::path(o.out) / f, fs::copy_options::overwrite_existing, ec);
-      if (ec) return make_error((in_dir / f).string() + ": cannot copy: " + ec.message());
-      sum.files.push_back(f);
-    }
+    KV_TRY(copy_tokenizer_files(in.in_dir, o.out, sum.files));
   }
   return sum;
 }

@@ -158,35 +158,26 @@ std::string token_content(const Json& config, const char* key) {
   return {};
 }
 
-}  // namespace
+// An error about the file `what`: its path, then the message.
+Error file_error(const std::string& what, const std::string& m) {
+  return make_error(what + ": " + m);
+}
 
-Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
-  auto parsed = read_json_file(path);
-  if (!parsed) return parsed.error();
-  const Json& root = *parsed;
-  const std::string what = path;
-  auto fail = [&](const std::string& m) { return make_error(what + ": " + m); };
-  if (!root.is_object() || !root.contains("model") || !root["model"].is_object())
-    return fail("no \"model\" object");
-  const Json& model = root["model"];
-  if (const std::string t = str_at(model, "type"); !t.empty() && t != "BPE")
-    return fail("model type '" + t + "' is not supported (only BPE)");
-  if (!model.contains("vocab") || !model["vocab"].is_object())
-    return fail("model has no vocab object");
-
-  TokenizerState s;
-  // Vocabulary and added tokens; ids may leave no gaps in the final table.
+// Puts the vocabulary and the added tokens into s.text and s.type (an added
+// token is Control when special, else UserDefined) and returns how many ids
+// there are; the ids may leave no gaps.
+Result<size_t> read_vocab(const Json& model, const Json& added, const std::string& what,
+                          TokenizerState& s) {
   int64_t max_id = -1;
   for (const auto& [tok, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
-      return fail("vocab entry '" + tok + "' has an invalid id");
+      return file_error(what, "vocab entry '" + tok + "' has an invalid id");
     max_id = std::max(max_id, id.get<int64_t>());
   }
-  const Json added = root.value("added_tokens", Json::array());
   for (const Json& a : added) {
     if (!a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
         a["id"].get<int64_t>() >= INT32_MAX || !a.contains("content") || !a["content"].is_string())
-      return fail("an added_tokens entry lacks a valid id or content");
+      return file_error(what, "an added_tokens entry lacks a valid id or content");
     max_id = std::max(max_id, a["id"].get<int64_t>());
   }
   const size_t n = size_t(max_id + 1);
@@ -204,16 +195,25 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     seen[id] = true;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (!seen[i]) return fail("no token has id " + std::to_string(i));
+    if (!seen[i]) return file_error(what, "no token has id " + std::to_string(i));
   }
+  return n;
+}
 
+// Reads the normalizer, pre-tokenizer and decoder into s: a byte-level
+// pipeline with its regex splits, or a SentencePiece-style one with its
+// prefix space and <0xNN> byte tokens (over the n ids read_vocab filled).
+Result<void> read_pipeline(const Json& root, const Json& model, size_t n, const std::string& what,
+                           TokenizerState& s) {
   HfPipeline p;
   // The normalizer first: it decides whether a Split on " " still means anything.
   if (root.contains("normalizer")) {
-    if (auto r = read_normalizer(root["normalizer"], p); !r) return fail(r.error().message);
+    if (auto r = read_normalizer(root["normalizer"], p); !r)
+      return file_error(what, r.error().message);
   }
   if (root.contains("pre_tokenizer")) {
-    if (auto r = read_pre_tokenizer(root["pre_tokenizer"], p); !r) return fail(r.error().message);
+    if (auto r = read_pre_tokenizer(root["pre_tokenizer"], p); !r)
+      return file_error(what, r.error().message);
   }
   const std::string decoder = root.contains("decoder") && root["decoder"].is_object()
                                   ? str_at(root["decoder"], "type")
@@ -223,15 +223,15 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     s.kind = BpeKind::ByteLevel;
     s.model_kind = "gpt2";
     if (p.metaspace)
-      return fail("a byte-level pipeline with a '\u2581' normalizer is not supported");
+      return file_error(what, "a byte-level pipeline with a '\u2581' normalizer is not supported");
     auto pt = PreTokenizer::from_patterns(p.patterns);
-    if (!pt) return fail(pt.error().message);
+    if (!pt) return file_error(what, pt.error().message);
     s.pre = std::move(pt.value());
   } else if (p.metaspace || s.byte_fallback) {
     s.kind = BpeKind::SentencePiece;
     s.model_kind = "llama";
     if (!p.patterns.empty())
-      return fail("regex splits in a SentencePiece-style pipeline are not supported");
+      return file_error(what, "regex splits in a SentencePiece-style pipeline are not supported");
     s.add_space_prefix = p.prepend;
     for (size_t i = 0; i < n; ++i) {
       const std::string& t = s.text[i];
@@ -241,24 +241,14 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
         s.type[i] = TokenType::Byte;
     }
   } else {
-    return fail("neither a byte-level nor a SentencePiece-style BPE pipeline");
+    return file_error(what, "neither a byte-level nor a SentencePiece-style BPE pipeline");
   }
-  s.fuse_unk = bool_at(model, "fuse_unk", false);
-  s.ignore_merges = bool_at(model, "ignore_merges", false);
+  return {};
+}
 
-  s.ids.reserve(n);
-  for (size_t i = 0; i < n; ++i) s.ids.insert_or_assign(s.text[i], int32_t(i));
-  // The model's own vocabulary wins over an added token of the same spelling.
-  for (const auto& [tok, id] : model["vocab"].items())
-    s.ids.insert_or_assign(tok, int32_t(id.get<int64_t>()));
-
-  if (const std::string unk = str_at(model, "unk_token"); !unk.empty()) {
-    auto it = s.ids.find(unk);
-    if (it == s.ids.end()) return fail("unk_token '" + unk + "' is not in the vocabulary");
-    s.unk = it->second;
-    s.bpe_unk = true;
-  }
-
+// Fills s.merges from the model's merges, each "a b" or [a, b], ranked by
+// position; every part and result must be in s.ids.
+Result<void> read_merges(const Json& model, const std::string& what, TokenizerState& s) {
   const Json merges = model.value("merges", Json::array());
   s.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -267,35 +257,29 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
     if (m.is_string()) {
       const std::string& ms = m.get_ref<const std::string&>();
       const size_t sp = ms.find(' ', 1);
-      if (sp == std::string::npos) return fail("merges[" + std::to_string(i) + "] is not 'a b'");
+      if (sp == std::string::npos)
+        return file_error(what, "merges[" + std::to_string(i) + "] is not 'a b'");
       l = ms.substr(0, sp);
       r = ms.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       l = m[0].get<std::string>();
       r = m[1].get<std::string>();
     } else {
-      return fail("merges[" + std::to_string(i) + "] is neither 'a b' nor [a, b]");
+      return file_error(what, "merges[" + std::to_string(i) + "] is neither 'a b' nor [a, b]");
     }
     auto li = s.ids.find(l), ri = s.ids.find(r), res = s.ids.find(l + r);
     if (li == s.ids.end() || ri == s.ids.end() || res == s.ids.end())
-      return fail("merges[" + std::to_string(i) + "] ('" + l + "', '" + r +
-                  "') uses a token not in the vocabulary");
+      return file_error(what, "merges[" + std::to_string(i) + "] ('" + l + "', '" + r +
+                                  "') uses a token not in the vocabulary");
     s.merges.add(li->second, ri->second, uint32_t(i), res->second);
   }
+  return {};
+}
 
-  for (const Json& a : added) {
-    const int32_t id = int32_t(a["id"].get<int64_t>());
-    s.added.add(a["content"].get_ref<const std::string&>(), id,
-                s.type[size_t(id)] == TokenType::Control);
-  }
-
-  if (const std::string bos = leading_special(root.value("post_processor", Json())); !bos.empty()) {
-    if (auto it = s.ids.find(bos); it != s.ids.end()) {
-      s.bos = it->second;
-      s.adds_bos = true;
-    }
-  }
-
+// Reads tokenizer_config.json beside `path` when present (bos and eos tokens,
+// add_bos_token, the chat template), then chat_template.jinja beside it when
+// that gave no chat template.
+Result<void> read_tokenizer_config(const std::string& path, TokenizerState& s) {
   const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
     auto cfg = read_json_file(config_path.string());
@@ -335,6 +319,65 @@ Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
       s.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
   }
+  return {};
+}
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::from_hf_json(const std::string& path) {
+  auto parsed = read_json_file(path);
+  if (!parsed) return parsed.error();
+  const Json& root = *parsed;
+  const std::string what = path;
+  auto fail = [&](const std::string& m) { return make_error(what + ": " + m); };
+  if (!root.is_object() || !root.contains("model") || !root["model"].is_object())
+    return fail("no \"model\" object");
+  const Json& model = root["model"];
+  if (const std::string t = str_at(model, "type"); !t.empty() && t != "BPE")
+    return fail("model type '" + t + "' is not supported (only BPE)");
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    return fail("model has no vocab object");
+
+  TokenizerState s;
+  // Vocabulary and added tokens; ids may leave no gaps in the final table.
+  const Json added = root.value("added_tokens", Json::array());
+  auto vocab_size = read_vocab(model, added, what, s);
+  if (!vocab_size) return vocab_size.error();
+  const size_t n = *vocab_size;
+
+  KV_TRY(read_pipeline(root, model, n, what, s));
+  s.fuse_unk = bool_at(model, "fuse_unk", false);
+  s.ignore_merges = bool_at(model, "ignore_merges", false);
+
+  s.ids.reserve(n);
+  for (size_t i = 0; i < n; ++i) s.ids.insert_or_assign(s.text[i], int32_t(i));
+  // The model's own vocabulary wins over an added token of the same spelling.
+  for (const auto& [tok, id] : model["vocab"].items())
+    s.ids.insert_or_assign(tok, int32_t(id.get<int64_t>()));
+
+  if (const std::string unk = str_at(model, "unk_token"); !unk.empty()) {
+    auto it = s.ids.find(unk);
+    if (it == s.ids.end()) return fail("unk_token '" + unk + "' is not in the vocabulary");
+    s.unk = it->second;
+    s.bpe_unk = true;
+  }
+
+  KV_TRY(read_merges(model, what, s));
+
+  for (const Json& a : added) {
+    const int32_t id = int32_t(a["id"].get<int64_t>());
+    s.added.add(a["content"].get_ref<const std::string&>(), id,
+                s.type[size_t(id)] == TokenType::Control);
+  }
+
+  if (const std::string bos = leading_special(root.value("post_processor", Json())); !bos.empty()) {
+    if (auto it = s.ids.find(bos); it != s.ids.end()) {
+      s.bos = it->second;
+      s.adds_bos = true;
+    }
+  }
+
+  KV_TRY(read_tokenizer_config(path, s));
   return TokenizerBuilder::build(std::move(s), what);
 }
 
