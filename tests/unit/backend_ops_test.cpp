@@ -128,7 +128,7 @@ TEST_P(BackendOps, RowOperations) {
       }
       {
         // Rows gathered and scattered by index, other rows untouched.
-        std::vector<int64_t> src(size_t(rows)), dst(size_t(rows));
+        std::vector<int64_t> src(static_cast<size_t>(rows)), dst(static_cast<size_t>(rows));
         for (int64_t i = 0; i < rows; ++i) src[size_t(i)] = rows - 1 - i, dst[size_t(i)] = (i * 7) % rows;
         Mat xx = x;
         auto [g, r] = both(Mat(rows, cols), [&](Backend& B, Mat& m) {
@@ -409,7 +409,7 @@ TEST_P(BackendOps, DecodeAttention) {
           vs = (kc.shared ? pb.fmt.static_k : pb.fmt.static_v)[size_t(1 * kc.kv_heads)];
         if (kc.mode == KvScaleMode::kDynamic)
           vs = bf16_to_f32(reinterpret_cast<const uint16_t*>(page + pb.layout.v_scale_offset)[0]);
-        std::vector<float> v0(size_t(hd));
+        std::vector<float> v0(static_cast<size_t>(hd));
         kv_decode_row(kc.dtype, page + pb.layout.v_offset, hd, vs, v0.data());
         for (int64_t d = 0; d < hd; ++d) ASSERT_NEAR(b.at(0, d), v0[size_t(d)], 1e-6 * std::fabs(v0[size_t(d)]));
       }
@@ -479,7 +479,7 @@ TEST_P(BackendOps, RopeTableAndRotation) {
   Pages pg = make_pages(kc, 70);
   StepPlan plan = make_plan({&pg.span, &pg.span}, {{0, 3, false}, {1000, 1, true}});
   const int64_t T = 4, n = 6, ld = 8;
-  std::vector<float> inv(size_t(n));
+  std::vector<float> inv(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) inv[size_t(j)] = std::pow(10000.f, -float(2 * j) / 12.f);
   Mat ca(T, n, ld - n), sa(T, n, ld - n), cb = ca, sb = sa;
   be_->rope_table(plan, inv.data(), n, 1.25f, ca.view(), sa.view());
@@ -516,8 +516,8 @@ TEST_P(BackendOps, MoeRoutePermuteCombine) {
     for (int64_t t = 0; t < T; ++t)
       EXPECT_TRUE(std::is_sorted(ia.begin() + t * k, ia.begin() + (t + 1) * k));
     Mat x = random_mat(T, H, 73);
-    std::vector<int64_t> off_a(size_t(E + 1)), off_b = off_a, slot_a(size_t(T * k)), slot_b = slot_a,
-                         fill(size_t(E));
+    std::vector<int64_t> off_a(static_cast<size_t>(E + 1)), off_b = off_a,
+        slot_a(static_cast<size_t>(T * k)), slot_b = slot_a, fill(static_cast<size_t>(E));
     Mat xa(T * k, H), xb(T * k, H);
     be_->moe_permute(ia.data(), k, E, x.view(), xa.view(), {off_a.data(), slot_a.data(), fill.data()});
     ref_->moe_permute(ib.data(), k, E, x.view(), xb.view(), {off_b.data(), slot_b.data(), fill.data()});
