@@ -30,6 +30,35 @@ namespace kvant::backend {
 
 enum class GateAct : uint8_t { kSilu, kGeluTanh };
 
+// Memory a backend allocated for activations, where it computes (host
+// memory for the CPU backend): `bytes` long, 64-byte aligned, zeroed; freed
+// by the backend's own release when the buffer goes.
+class DeviceBuffer {
+ public:
+  using Release = void (*)(void*);
+  DeviceBuffer() = default;
+  DeviceBuffer(void* p, size_t bytes, Release release) : p_(p, release), bytes_(bytes) {}
+  void* data() const { return p_.get(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::unique_ptr<void, Release> p_{nullptr, nullptr};
+  size_t bytes_ = 0;
+};
+
+// A typed view of one (n elements of T).
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(DeviceBuffer b) : b_(std::move(b)) {}  // NOLINT: a typed view of it
+  T* data() const { return static_cast<T*>(b_.data()); }
+  size_t size() const { return b_.bytes() / sizeof(T); }
+
+ private:
+  DeviceBuffer b_;
+};
+
 // The largest step a backend's scratch is planned for (reserve()).
 struct WorkspaceSize {
   int64_t tokens = 0;        // rows of activations in a step
@@ -112,7 +141,9 @@ class Backend {
   virtual Q4Matrix prepare_int4(const int8_t* q, const float* scale, const int8_t* zero,
                                 int64_t rows, int64_t cols, int64_t group) const = 0;
 
-  // --- Scratch ---
+  // --- Memory ---
+  // Activation memory for the model's workspace (Model::reserve plans it).
+  virtual DeviceBuffer alloc(size_t bytes) = 0;
   virtual void reserve(const WorkspaceSize& size) = 0;
   // Per-forward metadata (task lists) from the step's plan, built once and
   // used by every layer's operations until the next begin_step.

@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "engine/scheduler.h"
 #include "io/gguf.h"
+#include "io/model_files.h"
 #include "kvcache/fault_injector.h"
 #include "kvcache/kv_verifier.h"
 #include "kvcache/page_pool.h"
@@ -43,16 +44,6 @@ int64_t mem_available_bytes() {
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") return kb * 1024;
   return 0;
-}
-
-// The chat template of a Hugging Face directory (tokenizer_config.json).
-std::string read_hf_chat_template(const std::string& dir) {
-  std::ifstream f(std::filesystem::path(dir) / "tokenizer_config.json");
-  if (!f) return "";
-  auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
-    return j["chat_template"].get<std::string>();
-  return "";
 }
 
 std::string fmt_bytes(double b) {
@@ -78,34 +69,6 @@ std::string describe(const KvCapacity& c) {
                 c.page_tokens, c.tokens, fmt_bytes(double(c.arena_bytes)).c_str(),
                 c.bytes_per_token, c.max_context);
   return buf;
-}
-
-Result<std::unique_ptr<Tokenizer>> load_tokenizer_for(const std::string& model_path,
-                                                      std::string* chat_template) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(model_path)) {
-    const fs::path dir(model_path);
-    if (!fs::exists(dir / "tokenizer.json") && fs::exists(dir / "tokenizer.gguf")) {
-      // kvant quantize's output for a GGUF input: the tokenizer travels as a
-      // GGUF file with metadata only.
-      auto g = GgufFile::open((dir / "tokenizer.gguf").string());
-      if (!g) return g.error();
-      auto t = Tokenizer::from_gguf(*g);
-      if (!t) return t.error();
-      if (chat_template) *chat_template = g->get_string("tokenizer.chat_template").value_or("");
-      return std::make_unique<Tokenizer>(std::move(*t));
-    }
-    auto t = Tokenizer::from_hf_json((fs::path(model_path) / "tokenizer.json").string());
-    if (!t) return t.error();
-    if (chat_template) *chat_template = read_hf_chat_template(model_path);
-    return std::make_unique<Tokenizer>(std::move(*t));
-  }
-  auto g = GgufFile::open(model_path);
-  if (!g) return g.error();
-  auto t = Tokenizer::from_gguf(*g);
-  if (!t) return t.error();
-  if (chat_template) *chat_template = g->get_string("tokenizer.chat_template").value_or("");
-  return std::make_unique<Tokenizer>(std::move(*t));
 }
 
 // ---------------------------------------------------------------------------
@@ -193,16 +156,25 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
                       std::to_string(o.int4_group));
   wo.int4_group = o.int4_group;
   wo.int4_lm_head = o.int4_lm_head;
+  // The model path is opened once: the config, every weight set and the
+  // tokenizer come from the same files.
   Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
+  std::shared_ptr<const ModelFiles> files;
   std::thread loader([&] {
     if (o.threads > 0) set_num_threads(o.threads);
-    m = Model::load(o.model_path, wo);
+    auto f = ModelFiles::open(o.model_path);
+    if (!f) {
+      m = f.error();
+      return;
+    }
+    files = *f;
+    m = Model::load(*files, wo);
   });
   loader.join();
   if (!m) return m.error();
   e->model_ = std::move(*m);
-  auto t = load_tokenizer_for(o.tokenizer_path.empty() ? o.model_path : o.tokenizer_path,
-                              &e->chat_template_);
+  auto t = o.tokenizer_path.empty() ? load_tokenizer(*files, &e->chat_template_)
+                                    : load_tokenizer_for(o.tokenizer_path, &e->chat_template_);
   if (!t) return t.error();
   e->tokenizer_ = std::move(*t);
   const ModelConfig& c = e->model_->config();

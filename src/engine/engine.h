@@ -30,6 +30,7 @@
 #include "kvcache/kv_layout.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_files.h"
 
 namespace kvant {
 
@@ -208,10 +209,6 @@ class Engine {
   std::atomic<int64_t> pending_{0};  // submitted and not yet finished
 };
 
-// Loads the tokenizer that goes with a model path (GGUF metadata or a Hugging
-// Face directory's tokenizer.json), and its chat template ("" if none).
-Result<std::unique_ptr<Tokenizer>> load_tokenizer_for(const std::string& model_path,
-                                                      std::string* chat_template);
 
 // Static FP8 KV scales, one per (layer, KV head) for K and for V: amax of the
 // calibration activations / the format's largest finite value.

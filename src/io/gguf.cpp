@@ -209,6 +209,7 @@ Result<GgufFile> GgufFile::open(const std::string& path) {
   auto r = parse(m->bytes(), path);
   if (!r) return r.error();
   r->file_ = std::move(*m);
+  ++opened_;
   return r;
 }
 

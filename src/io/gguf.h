@@ -4,6 +4,7 @@
 // Errors name the file, the field or tensor, and the byte offset.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -64,6 +65,9 @@ struct GgufTensor {
 class GgufFile {
  public:
   static Result<GgufFile> open(const std::string& path);
+  // How many files open() has mapped in this process (tests: a model loads
+  // its GGUF once, io/model_files.h).
+  static int64_t opened() { return opened_.load(); }
   // Parses an in-memory image (for tests and fuzzing); `bytes` must outlive the object.
   static Result<GgufFile> parse(std::span<const uint8_t> bytes, const std::string& name);
 
@@ -92,6 +96,7 @@ class GgufFile {
   std::map<std::string, GgufValue> kv_;
   std::vector<GgufTensor> tensors_;
   std::map<std::string, size_t> tensor_index_;
+  static inline std::atomic<int64_t> opened_{0};
 };
 
 }  // namespace kvant

@@ -17,6 +17,7 @@ class GgufSource final : public TensorSource {
   }
   const std::string& path() const override { return file_.path(); }
   const std::vector<TensorRef>& tensors() const override { return refs_; }
+  const GgufFile* gguf() const override { return &file_; }
   const TensorRef* find(const std::string& name) const override {
     const GgufTensor* t = file_.find_tensor(name);
     return t ? &refs_[size_t(t - file_.tensors().data())] : nullptr;

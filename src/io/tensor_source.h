@@ -14,6 +14,8 @@
 
 namespace kvant {
 
+class GgufFile;
+
 struct TensorRef {
   std::string name;
   std::vector<int64_t> shape;  // outermost first, e.g. a linear weight is [out, in]
@@ -32,6 +34,8 @@ class TensorSource {
   virtual const std::string& path() const = 0;
   virtual const std::vector<TensorRef>& tensors() const = 0;
   virtual const TensorRef* find(const std::string& name) const = 0;
+  // The parsed file behind a GGUF source (its metadata), else nullptr.
+  virtual const GgufFile* gguf() const { return nullptr; }
   // Dequantizes a whole tensor to FP32; `out` holds numel() values. FP8
   // weights with a `<name>_scale_inv` sibling get their 128x128 block scales.
   // Errors name the file and tensor.

@@ -142,6 +142,10 @@ Result<ModelConfig> config_from_hf_json(const std::string& path) {
   } catch (const std::exception& e) {
     return make_error(path + ": invalid JSON: " + e.what());
   }
+  return config_from_hf(j, path);
+}
+
+Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& path) {
   ModelConfig c;
   std::string arch_str = j.contains("architectures") && j["architectures"].is_array() &&
                               !j["architectures"].empty()

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,8 @@ struct ModelConfig {
 
 Result<ModelConfig> config_from_gguf(const GgufFile& g);
 Result<ModelConfig> config_from_hf_json(const std::string& config_json_path);
+// The same from a parsed config.json (`path` names it in errors).
+Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& path);
 const char* arch_name(Arch a);
 
 }  // namespace kvant

@@ -1,11 +1,14 @@
-// Mirrors the name table and transforms of model/loader.cpp; a change to one
-// needs the same change here (quant_checkpoint_test loads both ways).
+// GGUF -> Hugging Face names through the table the loader reads with
+// (archs/tensor_names.h), so an exported tensor carries the name the loader
+// looks for (quant_checkpoint_test loads both ways).
 #include "model/hf_export.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "model/archs/tensor_names.h"
 
 namespace kvant {
 namespace {
@@ -35,47 +38,16 @@ nlohmann::json rope_json(const RopeConfig& r) {
 }  // namespace
 
 Result<GgufToHf> gguf_to_hf(const std::string& n, const ModelConfig& c) {
-  const bool gemma = c.arch == Arch::Gemma3;
-  const float norm_add = gemma ? -1.f : 0.f;
-  if (n == "token_embd.weight") return GgufToHf{"model.embed_tokens.weight"};
-  if (n == "output_norm.weight") return GgufToHf{"model.norm.weight", 0, norm_add};
-  if (n == "output.weight") return GgufToHf{"lm_head.weight"};
-  if (n.rfind("blk.", 0) == 0) {
-    const size_t dot = n.find('.', 4);
-    if (dot != std::string::npos) {
-      const std::string idx = n.substr(4, dot - 4), rest = n.substr(dot + 1);
-      const std::string p = "model.layers." + idx + ".";
-      struct Row { const char* gguf; const char* hf; bool norm; };
-      static const Row rows[] = {
-          {"attn_norm.weight", "input_layernorm.weight", true},
-          {"attn_q.weight", "self_attn.q_proj.weight", false},
-          {"attn_k.weight", "self_attn.k_proj.weight", false},
-          {"attn_v.weight", "self_attn.v_proj.weight", false},
-          {"attn_q.bias", "self_attn.q_proj.bias", false},
-          {"attn_k.bias", "self_attn.k_proj.bias", false},
-          {"attn_v.bias", "self_attn.v_proj.bias", false},
-          {"attn_q_norm.weight", "self_attn.q_norm.weight", true},
-          {"attn_k_norm.weight", "self_attn.k_norm.weight", true},
-          {"attn_output.weight", "self_attn.o_proj.weight", false},
-          {"ffn_gate.weight", "mlp.gate_proj.weight", false},
-          {"ffn_up.weight", "mlp.up_proj.weight", false},
-          {"ffn_down.weight", "mlp.down_proj.weight", false},
-      };
-      // Llama's "post_attention_layernorm" is the norm before the MLP; Gemma's
-      // is the norm applied to the attention output (as in loader.cpp).
-      if (rest == "ffn_norm.weight")
-        return GgufToHf{p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), 0, norm_add};
-      if (gemma && rest == "post_attention_norm.weight")
-        return GgufToHf{p + "post_attention_layernorm.weight", 0, norm_add};
-      if (gemma && rest == "post_ffw_norm.weight")
-        return GgufToHf{p + "post_feedforward_layernorm.weight", 0, norm_add};
-      for (const auto& r : rows)
-        if (rest == r.gguf) {
-          GgufToHf m{p + r.hf, 0, r.norm ? norm_add : 0.f};
-          if (c.arch == Arch::Llama && rest == "attn_q.weight") m.unpermute_heads = c.heads;
-          if (c.arch == Arch::Llama && rest == "attn_k.weight") m.unpermute_heads = c.kv_heads;
-          return m;
-        }
+  const float norm_add = c.arch == Arch::Gemma3 ? -1.f : 0.f;
+  if (const auto r = archs::tensor_role(archs::Naming::Gguf, n)) {
+    const std::string hf = r->layer < 0 ? archs::global_tensor(archs::Naming::Hf, r->role)
+                                        : archs::layer_tensor(archs::Naming::Hf, c.arch, r->layer, r->role);
+    if (!hf.empty()) {
+      GgufToHf m{hf, 0, archs::role_is_norm(r->role) ? norm_add : 0.f};
+      // GGUF Llama files store q/k rows permuted for interleaved RoPE.
+      if (c.arch == Arch::Llama && r->role == "wq") m.unpermute_heads = c.heads;
+      if (c.arch == Arch::Llama && r->role == "wk") m.unpermute_heads = c.kv_heads;
+      return m;
     }
   }
   if (n == "rope_freqs.weight")

@@ -18,65 +18,24 @@
 #include "core/threads.h"
 #include "io/compressed_tensors.h"
 #include "io/gguf.h"
+#include "io/model_files.h"
 #include "io/tensor_source.h"
+#include "model/archs/tensor_names.h"
 #include "numerics/bf16.h"
 #include "numerics/int4_rtn.h"
 
 namespace kvant {
 namespace {
 
-enum class Naming { Gguf, Hf };
+using archs::Naming;
 
+// Tensor names by role, from the shared table (model/archs/tensor_names.h).
 struct Names {
   Naming naming;
   Arch arch;
-  std::string global(const char* role) const {
-    std::string r = role;
-    if (naming == Naming::Gguf) {
-      if (r == "embed") return "token_embd.weight";
-      if (r == "out_norm") return "output_norm.weight";
-      if (r == "output") return "output.weight";
-      if (r == "rope_freqs") return "rope_freqs.weight";
-    } else {
-      if (r == "embed") return "model.embed_tokens.weight";
-      if (r == "out_norm") return "model.norm.weight";
-      if (r == "output") return "lm_head.weight";
-      if (r == "rope_freqs") return "";
-    }
-    return "";
-  }
+  std::string global(const char* role) const { return archs::global_tensor(naming, role); }
   std::string layer(int64_t i, const std::string& role) const {
-    if (naming == Naming::Gguf) {
-      static const std::pair<const char*, const char*> m[] = {
-          {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"}, {"wk", "attn_k.weight"},
-          {"wv", "attn_v.weight"}, {"bq", "attn_q.bias"}, {"bk", "attn_k.bias"},
-          {"bv", "attn_v.bias"}, {"q_norm", "attn_q_norm.weight"},
-          {"k_norm", "attn_k_norm.weight"}, {"wo", "attn_output.weight"},
-          {"post_attn_norm", "post_attention_norm.weight"}, {"ffn_norm", "ffn_norm.weight"},
-          {"w_gate", "ffn_gate.weight"}, {"w_up", "ffn_up.weight"}, {"w_down", "ffn_down.weight"},
-          {"post_ffn_norm", "post_ffw_norm.weight"}};
-      for (auto& [k, v] : m)
-        if (role == k) return "blk." + std::to_string(i) + "." + v;
-      return "";
-    }
-    const bool gemma = arch == Arch::Gemma3;
-    static const std::pair<const char*, const char*> m[] = {
-        {"attn_norm", "input_layernorm.weight"}, {"wq", "self_attn.q_proj.weight"},
-        {"wk", "self_attn.k_proj.weight"}, {"wv", "self_attn.v_proj.weight"},
-        {"bq", "self_attn.q_proj.bias"}, {"bk", "self_attn.k_proj.bias"},
-        {"bv", "self_attn.v_proj.bias"}, {"q_norm", "self_attn.q_norm.weight"},
-        {"k_norm", "self_attn.k_norm.weight"}, {"wo", "self_attn.o_proj.weight"},
-        {"w_gate", "mlp.gate_proj.weight"}, {"w_up", "mlp.up_proj.weight"},
-        {"w_down", "mlp.down_proj.weight"}};
-    std::string p = "model.layers." + std::to_string(i) + ".";
-    // Llama's "post_attention_layernorm" is the norm before the MLP; Gemma's is
-    // the norm applied to the attention output.
-    if (role == "ffn_norm") return p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
-    if (role == "post_attn_norm") return gemma ? p + "post_attention_layernorm.weight" : "";
-    if (role == "post_ffn_norm") return gemma ? p + "post_feedforward_layernorm.weight" : "";
-    for (auto& [k, v] : m)
-      if (role == k) return p + v;
-    return "";
+    return archs::layer_tensor(naming, arch, i, role);
   }
 };
 
@@ -437,29 +396,32 @@ bool checkpoint_is_int4(const std::string& path) {
 }
 
 Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& opts) {
+  auto f = ModelFiles::open(path);
+  if (!f) return f.error();
+  return load_model(**f, opts);
+}
+
+Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& opts) {
   namespace fs = std::filesystem;
   LoadedModel m;
   Naming naming;
-  if (fs::is_directory(path)) {
-    auto c = config_from_hf_json((fs::path(path) / "config.json").string());
+  if (files.is_directory()) {
+    auto c = config_from_hf(*files.hf_config(),
+                            (fs::path(files.path()) / "config.json").string());
     if (!c) return c.error();
     m.config = std::move(*c);
     naming = Naming::Hf;
   } else {
-    auto g = GgufFile::open(path);
-    if (!g) return g.error();
-    auto c = config_from_gguf(*g);
+    auto c = config_from_gguf(*files.gguf());
     if (!c) return c.error();
     m.config = std::move(*c);
     naming = Naming::Gguf;
   }
-  auto src = open_tensor_source(path);
-  if (!src) return src.error();
   const bool int4 = opts.precision == WeightPrecision::kInt4 ||
-                    (opts.precision == WeightPrecision::kNative && checkpoint_is_int4(path));
+                    (opts.precision == WeightPrecision::kNative && files.int4());
   std::unique_ptr<backend::Backend> own;
   if (!opts.backend) own = backend::make_cpu_backend();
-  Loader l(**src, m.config, naming, int4, opts, opts.backend ? *opts.backend : *own);
+  Loader l(files.tensors(), m.config, naming, int4, opts, opts.backend ? *opts.backend : *own);
   auto w = l.load();
   if (!w) return w.error();
   m.weights = std::move(*w);

@@ -10,6 +10,7 @@
 #include "model/weights.h"
 
 namespace kvant {
+class ModelFiles;
 namespace backend {
 class Backend;
 }
@@ -36,6 +37,8 @@ struct LoadedModel {
 };
 
 Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& opts = {});
+// From files already open (one ModelFiles serves every weight set and the tokenizer).
+Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& opts = {});
 
 // True when the checkpoint at `path` holds INT4 (compressed-tensors) linears.
 bool checkpoint_is_int4(const std::string& path);

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "model/blocks/blocks.h"
+#include "io/model_files.h"
 #include "model/loader.h"
 #include "model/model_impl.h"
 
@@ -54,9 +55,14 @@ std::string Model::set_precision(int i) const { return weights_precision(sets_[s
 size_t Model::set_bytes(int i) const { return weights_bytes(sets_[size_t(i)]); }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const WeightOptions& opts) {
+  auto files = ModelFiles::open(path);
+  if (!files) return files.error();
+  return load(**files, opts);
+}
+
+Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const WeightOptions& opts) {
   // Resolve kNative to the checkpoint's form, then load each distinct form once.
-  const WeightPrecision native =
-      checkpoint_is_int4(path) ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
+  const WeightPrecision native = files.int4() ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
   auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
   const WeightPrecision want[2] = {resolve(opts.prefill), resolve(opts.decode)};
   auto be = backend::make_backend(opts.backend);
@@ -80,7 +86,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const Weight
     so.int4_group = opts.int4_group;
     so.int4_lm_head = opts.int4_lm_head;
     so.backend = be.get();
-    auto m = load_model(path, so);
+    auto m = load_model(files, so);
     if (!m) return m.error();
     cfg = std::move(m->config);
     index[phase] = int(sets.size());
@@ -102,7 +108,7 @@ void Model::reserve(int64_t tokens, int64_t context) {
   s.pages = context;
   s.widest_input = std::max({c.hidden, c.q_dim(), c.ffn, c.moe_ffn, c.moe_shared_ffn,
                              c.heads * c.v_head_dim, c.q_lora_rank, c.kv_lora_rank,
-                             c.heads * c.qk_nope_dim});
+                             c.heads * c.qk_nope_dim, c.mla() ? c.cache_dim() : 0});
   s.score_rows = c.mla() ? 8 : c.heads / std::max<int64_t>(c.kv_heads, 1);
   s.heads = c.heads;
   s.experts = c.n_experts;
@@ -120,11 +126,11 @@ void Model::reserve(int64_t tokens, int64_t context) {
 void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t gather_rows) {
   auto& ws = *ws_;
   const auto& c = cfg_;
-  auto f32 = [](AlignedBuffer<float>& b, int64_t n) {
-    if (int64_t(b.size()) < n) b = AlignedBuffer<float>(size_t(n));
+  auto f32 = [&](backend::Buffer<float>& b, int64_t n) {
+    if (int64_t(b.size()) < n) b = be_->alloc(size_t(n) * sizeof(float));
   };
-  auto bf16 = [](AlignedBuffer<uint16_t>& b, int64_t n) {
-    if (int64_t(b.size()) < n) b = AlignedBuffer<uint16_t>(size_t(n));
+  auto bf16 = [&](backend::Buffer<uint16_t>& b, int64_t n) {
+    if (int64_t(b.size()) < n) b = be_->alloc(size_t(n) * sizeof(uint16_t));
   };
   if (T > ws.tokens) {
     const int64_t qkv = std::max(c.q_dim() + 2 * c.kv_dim(), c.mla() ? c.mla_first_width() : 0);

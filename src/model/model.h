@@ -61,6 +61,9 @@ class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              const WeightOptions& opts = {});
+  // From files already open (io/model_files.h): every weight set from them.
+  static Result<std::unique_ptr<Model>> load(const ModelFiles& files,
+                                             const WeightOptions& opts = {});
   Model(ModelConfig cfg, ModelWeights w);
   // sets: one or two weight sets; prefill/decode index them. backend: the
   // one the weights were prepared by (the CPU backend when null).

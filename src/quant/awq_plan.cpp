@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "model/archs/tensor_names.h"
 #include "model/seq_kv.h"
 
 namespace kvant {
@@ -79,10 +80,9 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
                         "only so far (use --method rtn)");
     if (L.wqkv.rows == 0 || L.w_gate_up.rows == 0 || L.w_down.rows == 0)
       return make_error("awq: the calibration model must hold BF16 weights");
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string ffn_norm =
-        p + (c.arch == Arch::Gemma3 ? "pre_feedforward_layernorm.weight"
-                                    : "post_attention_layernorm.weight");
+    auto hf = [&](const char* role) {
+      return archs::layer_tensor(archs::Naming::Hf, c.arch, l, role);
+    };
     struct Site {
       int which;
       const Matrix* m;
@@ -101,17 +101,15 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
       plan.report.push_back(line);
       if (r.alpha == 0.f) continue;
       if (st.which == 0) {
-        for (const char* t : {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                              "self_attn.v_proj.weight"})
-          plan.col_mul[p + t] = r.scale;
-        plan.norm_div[p + "input_layernorm.weight"] = r.scale;
+        for (const char* t : {"wq", "wk", "wv"}) plan.col_mul[hf(t)] = r.scale;
+        plan.norm_div[hf("attn_norm")] = r.scale;
       } else if (st.which == 2) {
-        plan.col_mul[p + "mlp.gate_proj.weight"] = r.scale;
-        plan.col_mul[p + "mlp.up_proj.weight"] = r.scale;
-        plan.norm_div[ffn_norm] = r.scale;
+        plan.col_mul[hf("w_gate")] = r.scale;
+        plan.col_mul[hf("w_up")] = r.scale;
+        plan.norm_div[hf("ffn_norm")] = r.scale;
       } else {
-        plan.col_mul[p + "mlp.down_proj.weight"] = r.scale;
-        plan.row_div[p + "mlp.up_proj.weight"] = r.scale;
+        plan.col_mul[hf("w_down")] = r.scale;
+        plan.row_div[hf("w_up")] = r.scale;
       }
     }
   }

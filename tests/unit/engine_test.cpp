@@ -17,6 +17,8 @@
 
 #include "engine/scheduler.h"
 #include "kvcache/fault_injector.h"
+#include "io/gguf.h"
+#include "io/model_files.h"
 #include "kvcache/kv_codec.h"
 #include "kvcache/page_pool.h"
 #include "model/model.h"
@@ -748,3 +750,34 @@ TEST(Engine, PromptLogprobsMatchTheModelAndSkipOnlyWhatTheyMay) {
   EXPECT_NE(r2.error().message.find("prompt_logprobs"), std::string::npos);
   EXPECT_EQ(EngineTesting::pool(eng).used_pages(), eng.stats().kv_pages_used);
 }
+
+namespace {
+
+TEST(Engine, OpensTheModelFileOnce) {
+  // A GGUF with two weight sets resident (BF16 prefill, INT4 decode) and its
+  // tokenizer: one parse and mapping of the file, not one per use.
+  EngineOptions o;
+  o.model_path = smollm2();
+  o.prefill_weights = "bf16";
+  o.decode_weights = "int4";
+  o.kv_memory_bytes = int64_t(16) << 20;
+  o.log_capacity = false;
+  const int64_t files0 = ModelFiles::opened(), gguf0 = GgufFile::opened();
+  auto e = Engine::create(o);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(ModelFiles::opened() - files0, 1);
+  EXPECT_EQ(GgufFile::opened() - gguf0, 1);
+  EXPECT_EQ((*e)->model_config().arch, Arch::Llama);
+  // A Hugging Face directory: its config.json and safetensors once, no GGUF.
+  EngineOptions t = tiny_options("qwen3");
+  t.tokenizer_path.clear();
+  const int64_t files1 = ModelFiles::opened(), gguf1 = GgufFile::opened();
+  auto d = Engine::create(t);
+  // The fixture has no tokenizer.json, so creation fails at the tokenizer,
+  // after the model loaded from the one opening.
+  EXPECT_FALSE(d.ok());
+  EXPECT_EQ(ModelFiles::opened() - files1, 1);
+  EXPECT_EQ(GgufFile::opened() - gguf1, 0);
+}
+
+}  // namespace

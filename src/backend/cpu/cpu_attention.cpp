@@ -22,16 +22,25 @@ uint8_t* layer_page(const KvSpan& kv, int64_t pos, int64_t layer) {
   const KvFormat& f = *kv.format;
   return kv.pages[pos / f.page_tokens] + layer * f.layer_bytes;
 }
+
+// Where step token t's rows go in layer l: its page's layer base and slot.
+struct TokenSlot {
+  const KvFormat& f;
+  uint8_t* page;
+  int64_t slot;
+};
+TokenSlot token_slot(const StepPlan& plan, int64_t t, int64_t l) {
+  const StepToken& tk = plan.tokens[size_t(t)];
+  const KvSpan& span = *plan.chunks[size_t(tk.chunk)].kv;
+  return {*span.format, layer_page(span, tk.pos, l), tk.pos % span.format->page_tokens};
+}
 }  // namespace
 
 void CpuBackend::kv_store(const StepPlan& plan, int64_t l, CF32 k, CF32 v) {
   pfor(plan.n_tokens(), 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const StepToken& tk = plan.tokens[size_t(t)];
-      const KvSpan& span = *plan.chunks[size_t(tk.chunk)].kv;
-      const KvFormat& f = *span.format;
-      uint8_t* page = layer_page(span, tk.pos, l);
-      const int64_t slot = tk.pos % f.page_tokens, hd = f.head_dim, kvh = f.kv_heads;
+      const auto [f, page, slot] = token_slot(plan, t, l);
+      const int64_t hd = f.head_dim, kvh = f.kv_heads;
       const float* kr = k.row(t);
       const float* vr = v.data ? v.row(t) : nullptr;
       uint8_t* kd = page + f.k_offset + slot * f.row_bytes();
@@ -67,13 +76,8 @@ void CpuBackend::kv_store(const StepPlan& plan, int64_t l, CF32 k, CF32 v) {
 void CpuBackend::kv_store_index(const StepPlan& plan, int64_t l, CF32 k) {
   pfor(plan.n_tokens(), 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const StepToken& tk = plan.tokens[size_t(t)];
-      const KvSpan& span = *plan.chunks[size_t(tk.chunk)].kv;
-      const KvFormat& f = *span.format;
-      uint8_t* page = layer_page(span, tk.pos, l);
-      K_.f32_to_bf16(k.row(t),
-                     reinterpret_cast<uint16_t*>(page + f.index_offset) +
-                         (tk.pos % f.page_tokens) * f.index_dim,
+      const auto [f, page, slot] = token_slot(plan, t, l);
+      K_.f32_to_bf16(k.row(t), reinterpret_cast<uint16_t*>(page + f.index_offset) + slot * f.index_dim,
                      f.index_dim);
     }
   });

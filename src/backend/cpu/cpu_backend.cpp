@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "core/check.h"
 #include "core/threads.h"
@@ -51,6 +53,15 @@ Q4Matrix CpuBackend::prepare_int4(const int8_t* q, const float* scale, const int
   kernels::pack_q4(q, scale, zero, rows, cols, group, m.w.data(), m.scales.data(),
                    zero ? m.offs.data() : nullptr);
   return m;
+}
+
+DeviceBuffer CpuBackend::alloc(size_t bytes) {
+  if (bytes == 0) return {};
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
 }
 
 void CpuBackend::reserve(const WorkspaceSize& s) {

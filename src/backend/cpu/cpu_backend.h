@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   Q4Matrix prepare_int4(const int8_t* q, const float* scale, const int8_t* zero, int64_t rows,
                         int64_t cols, int64_t group) const override;
 
+  DeviceBuffer alloc(size_t bytes) override;
   void reserve(const WorkspaceSize& size) override;
   void begin_step(const StepPlan& plan) override;
 

@@ -61,7 +61,7 @@ void Model::rope_tables() {
   const auto& c = cfg_;
   auto& ws = *ws_;
   const int64_t T = plan_.n_tokens(), h = c.head_dim / 2, n = c.rope_dim() / 2;
-  auto table = [&](AlignedBuffer<float>& b) { return backend::F32{b.data(), T, h, h}; };
+  auto table = [&](backend::Buffer<float>& b) { return backend::F32{b.data(), T, h, h}; };
   be_->rope_table(plan_, inv_freq_.data(), n, c.rope.attn_factor, table(ws.cos_g), table(ws.sin_g));
   be_->rope_table(plan_, inv_freq_local_.data(), n, c.rope_local.attn_factor, table(ws.cos_l),
                   table(ws.sin_l));
