@@ -6,7 +6,7 @@
 //   <base>.weight_shape       I32 [2] = {rows, cols}     (I64 accepted when reading)
 //   <base>.weight_zero_point  I32 [ceil(rows/8), ceil(cols/group)], asymmetric only, packed along rows
 // Owns the layout and its validation, in both directions. It does not
-// choose q, scales or zero points (quant/rtn.h) or multiply anything out
+// choose q, scales or zero points (numerics/int4_rtn.h) or multiply anything out
 // (the kernels).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Group-wise RTN INT4 (quant/rtn.h): the error bounds stated there on random
+// Group-wise RTN INT4 (numerics/int4_rtn.h): the error bounds stated there on random
 // matrices, exact reproduction of values already on the grid, the sign rule
 // (a group's largest magnitude maps to -8), all-zero groups, asymmetric
 // zero points.
