@@ -225,6 +225,9 @@ std::unique_ptr<Backend> make_cpu_backend();
 // Every backend this build and machine can run, by name ("cpu", ...): the
 // op tests and the golden tests run once for each.
 std::vector<std::string> available_backends();
+// One of those by name, or "cpu-scalar" (the CPU backend over the scalar
+// kernel table on one thread: the reference the op tests compare against);
+// nullptr for an unknown name.
 std::unique_ptr<Backend> make_backend(const std::string& name);
 // The device string of the backend `name` would make ("" when unknown).
 std::string backend_device(const std::string& name);

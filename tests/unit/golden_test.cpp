@@ -40,7 +40,15 @@ Golden read_golden(const std::string& dir, int64_t vocab, const char* file = "lo
 
 using test::run_chunked;
 
-// Every fixture on every backend (backend::available_backends()).
+// Every fixture on every backend (backend::available_backends()), and on the
+// reference the op tests compare against (cpu-scalar: the scalar kernels,
+// one thread), so that the reference itself is checked end to end.
+std::vector<std::string> golden_backends() {
+  auto v = backend::available_backends();
+  v.push_back("cpu-scalar");
+  return v;
+}
+
 class GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   std::string arch() const { return std::get<0>(GetParam()); }
@@ -146,8 +154,13 @@ INSTANTIATE_TEST_SUITE_P(
                                          "qwen3_moe", "glm4_moe", "deepseek_v3",
                                          "deepseek_v3_noqlora", "glm_moe_dsa",
                                          "glm_moe_dsa_sparse"),
-                       ::testing::ValuesIn(backend::available_backends())),
-    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+                       ::testing::ValuesIn(golden_backends())),
+    [](const auto& info) {
+      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+      for (char& ch : n)
+        if (ch == '-') ch = '_';
+      return n;
+    });
 
 }  // namespace
 }  // namespace kvant
