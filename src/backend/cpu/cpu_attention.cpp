@@ -143,15 +143,14 @@ void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
   const int64_t Td = int64_t(plan.decode_chunks.size());
   if (Td == 0) return;
   const int64_t group = a.heads / a.kv_heads, blk = a.head_block, hd = a.head_dim;
-  if (decode_key_[0] != step_ || decode_key_[1] != a.kv_heads || decode_key_[2] != group * 4096 + blk) {
+  const int64_t key[4] = {step_, a.kv_heads, group, blk};
+  if (!std::equal(key, key + 4, decode_key_)) {
     decode_tasks_.clear();
     for (int64_t d = 0; d < Td; ++d)
       for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh)
         for (int64_t b = 0; b < group; b += blk)
           decode_tasks_.push_back({d, kvh, kvh * group + b, std::min(blk, group - b)});
-    decode_key_[0] = step_;
-    decode_key_[1] = a.kv_heads;
-    decode_key_[2] = group * 4096 + blk;
+    std::copy(key, key + 4, decode_key_);
   }
   ensure_attention(std::max(blk, kPrefillQueries), plan.max_ctx,
                    std::max(plan.max_pages, plan.max_ctx));

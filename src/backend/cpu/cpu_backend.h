@@ -114,7 +114,8 @@ class CpuBackend final : public Backend {
   std::vector<GatherPiece> pieces_;
   std::vector<DecodeTask> decode_tasks_;
   std::vector<PrefillTask> prefill_tasks_;
-  int64_t step_ = 0, decode_key_[3] = {-1, 0, 0}, prefill_key_[2] = {-1, 0};
+  // The tasks were built for (step, kv_heads, group, head block) and (step, heads).
+  int64_t step_ = 0, decode_key_[4] = {-1, 0, 0, 0}, prefill_key_[2] = {-1, 0};
   // Router, DSA and MLA scratch.
   std::vector<float> router_;
   std::vector<float> dsa_score_;
