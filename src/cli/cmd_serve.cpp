@@ -10,6 +10,7 @@
 #include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "engine/kv_plan.h"
+#include "server/admission.h"
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
 
@@ -20,11 +21,17 @@ struct ServeOpts {
   EngineFlags engine;
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;
+  std::string api_key, api_key_file;
   std::string model_name;
   std::string chat_template;
   std::string max_body = "32MiB";
   int64_t max_waiting = 1024;
+  int64_t max_queued_tokens = 0;
+  std::string max_request_memory = "1GiB";
+  int64_t max_connections = 4096, max_connections_per_address = 512;
+  double header_timeout = 30, body_timeout = 30;
+  int http_workers = 2;
+  std::vector<std::string> allowed_hosts, allowed_origins;
   int max_logprobs = kMaxTopLogprobs;
   double shutdown_grace = 30;
 };
@@ -47,6 +54,13 @@ int run_serve(const ServeOpts& o) {
   if (!eo) return fail(eo.error().message);
   auto body = parse_byte_size(o.max_body);
   if (!body) return fail("--max-body: " + body.error().message);
+  auto held = parse_byte_size(o.max_request_memory);
+  if (!held) return fail("--max-request-memory: " + held.error().message);
+  if (*held < *body)
+    return fail("--max-request-memory (" + o.max_request_memory +
+                ") must be at least --max-body (" + o.max_body + ")");
+  auto key = server::resolve_api_key(o.api_key, o.api_key_file);
+  if (!key) return fail(key.error().message);
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
@@ -54,12 +68,19 @@ int run_serve(const ServeOpts& o) {
   server::ServerOptions so;
   so.host = o.host;
   so.port = o.port;
-  so.api_key = o.api_key;
-  if (so.api_key.empty())
-    if (const char* k = std::getenv("KVANT_API_KEY")) so.api_key = k;
+  so.api_key = *key;
   so.model_name = o.model_name.empty() ? default_model_name(o.engine.model) : o.model_name;
   so.max_body_bytes = *body;
   so.max_waiting = o.max_waiting;
+  so.max_queued_tokens = o.max_queued_tokens;
+  so.max_request_bytes = *held;
+  so.max_connections = o.max_connections;
+  so.max_connections_per_address = o.max_connections_per_address;
+  so.header_timeout_seconds = o.header_timeout;
+  so.body_timeout_seconds = o.body_timeout;
+  so.workers = o.http_workers;
+  so.allowed_hosts = o.allowed_hosts;
+  so.allowed_origins = o.allowed_origins;
   so.max_logprobs = o.max_logprobs;
   so.shutdown_grace_seconds = o.shutdown_grace;
   auto fmt = o.chat_template.empty()
@@ -99,7 +120,17 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--host", o.host, "address to bind (default 127.0.0.1)");
   cmd->add_option("--port", o.port, "TCP port (0 = any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o.api_key,
-                  "require 'Authorization: Bearer KEY' on /v1/* (default: $KVANT_API_KEY)");
+                  "require 'Authorization: Bearer KEY' on /v1/* and /tokenize (default: "
+                  "--api-key-file, else $KVANT_API_KEY); a flag shows in ps, the others do not");
+  cmd->add_option("--api-key-file", o.api_key_file, "read the API key from this file's first line");
+  cmd->add_option("--allowed-hosts", o.allowed_hosts,
+                  "Host header names to answer (default with a loopback --host: loopback names "
+                  "only, against DNS rebinding; '*' = any)")
+      ->delimiter(',');
+  cmd->add_option("--allowed-origins", o.allowed_origins,
+                  "web origins (scheme://host[:port]) whose pages may call the API, with CORS; "
+                  "loopback origins always may ('*' = any)")
+      ->delimiter(',');
   cmd->add_option("--model-name", o.model_name,
                   "model id clients name (default: the model file's name without .gguf)");
   cmd->add_option("--chat-template", o.chat_template,
@@ -112,6 +143,30 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-waiting", o.max_waiting,
                   "requests waiting for their first token before new ones get 429")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  cmd->add_option("--max-queued-tokens", o.max_queued_tokens,
+                  "prompt tokens of waiting requests before new ones get 429 (0 = four times "
+                  "the KV cache's token capacity)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  cmd->add_option("--max-request-memory", o.max_request_memory,
+                  "bytes all requests together may hold: bodies being read, prompts, echo text "
+                  "and room for answers (429 beyond), e.g. 1GiB");
+  cmd->add_option("--max-connections", o.max_connections,
+                  "open connections; over it the longest-idle one is closed, or with none idle "
+                  "the new one gets 503")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--max-connections-per-address", o.max_connections_per_address,
+                  "open connections from one client address (same rule)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--header-timeout", o.header_timeout,
+                  "seconds for a request's headers to arrive, and a kept-alive connection's idle "
+                  "time (408 / close)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--body-timeout", o.body_timeout,
+                  "seconds for a request body to arrive, plus one per 64 KiB of it (408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--http-workers", o.http_workers,
+                  "threads that parse, render and tokenize request bodies off the I/O thread")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--shutdown-grace", o.shutdown_grace,
                   "seconds in-flight requests get after SIGTERM before they are cancelled")
       ->check(CLI::Range(0.0, 3600.0));

@@ -48,6 +48,9 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
   cmd->add_option("--debug-inject-faults", f.debug_inject_faults,
                   "debug: every N steps free a running request's page behind its back (0 = off)")
       ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--debug-throw-step", f.debug_throw_step,
+                  "debug: step N throws out of memory inside its forward (0 = off)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
 }
 
 Result<KvDType> parse_kv_dtype(const std::string& s) {
@@ -92,6 +95,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.prefix_checksums = f.prefix_checksums;
   o.debug_invariants = f.debug_invariants;
   o.debug_fault_interval = f.debug_inject_faults;
+  o.debug_throw_step = f.debug_throw_step;
   return o;
 }
 

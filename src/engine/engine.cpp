@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -313,7 +314,7 @@ uint64_t Engine::sequence_of(RequestId id) const {
 }
 
 void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,
-                  FinishReason finish, std::string_view error) {
+                  FinishReason finish, std::string_view error, ErrorCode code) {
   if (!r.request.on_event) return;
   RequestEvent ev;
   ev.id = r.id;
@@ -326,6 +327,7 @@ void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogpro
   }
   ev.finish = finish;
   ev.error = error;
+  ev.error_code = finish == FinishReason::Error ? code : ErrorCode::kNone;
   ev.prompt_tokens = r.prompt_tokens;
   ev.completion_tokens = r.completion_tokens;
   ev.cached_tokens = std::max<int64_t>(0, r.cached_tokens);
@@ -335,14 +337,14 @@ void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogpro
 // Ends a request: the scheduler returns its pages (when it still has the
 // sequence), held-back text goes out with the final event, and it is gone.
 void Engine::finish_request(Req& r, FinishReason reason, std::string_view error,
-                            bool in_scheduler) {
+                            bool in_scheduler, ErrorCode code) {
   if (r.done) return;
   r.done = true;
   if (in_scheduler && scheduler_->find(r.seq) != nullptr) (void)scheduler_->finish(r.seq, reason);
   auto st = r.stop.finish(reason);
   const FinishReason fr =
       r.stop.finish_reason() != FinishReason::None ? r.stop.finish_reason() : reason;
-  emit(r, -1, st.text, nullptr, fr, error);
+  emit(r, -1, st.text, nullptr, fr, error, code);
   auto& S = impl_->stats;
   ++S.requests_finished;
   if (fr == FinishReason::Abort) ++S.requests_aborted;
@@ -428,7 +430,7 @@ void Engine::check_step_integrity(const StepPlan& plan) {
                             ") expected generation " + std::to_string(f.expected_generation) +
                             ", found " + std::to_string(f.actual_generation) + " (" +
                             verify_fault_name(f.fault) + ")";
-    finish_request(r, FinishReason::Error, msg, true);
+    finish_request(r, FinishReason::Error, msg, true, ErrorCode::kKvIntegrity);
     I.reqs.erase(r.id);
   }
   S.integrity_violations += int64_t(I.failures.size());
@@ -561,9 +563,21 @@ Result<bool> Engine::step() {
     KV_TRY(scheduler_->commit({}));
     return !I.reqs.empty();
   }
-  const size_t n = plan.sequences.size();
   S.preemptions += int64_t(plan.preempted.size());
+  try {
+    return run_plan(plan);
+  } catch (const std::exception& e) {
+    fail_plan(plan, std::string("the engine step failed: ") + e.what());
+    return true;
+  }
+}
 
+Result<bool> Engine::run_plan(const StepPlan& plan) {
+  auto& I = *impl_;
+  auto& S = I.stats;
+  const size_t n = plan.sequences.size();
+  if (options_.debug_throw_step > 0 && S.steps + 1 == options_.debug_throw_step)
+    throw std::bad_alloc();
   check_step_integrity(plan);
   I.build_batch(plan, *pool_);
   const int64_t vocab = model_->config().vocab;
@@ -611,6 +625,56 @@ Result<bool> Engine::step() {
   S.kv_pages_peak = std::max(S.kv_pages_peak, pool_->used_pages());
   if (options_.debug_invariants) KV_TRY(check_invariants());
   return true;
+}
+
+// The requests of a step whose work threw: each fails with the message, its
+// pages go back, and the pending plan is committed with nothing sampled (every
+// entry is gone by then, so commit skips them all).
+void Engine::fail_plan(const StepPlan& plan, std::string_view message) {
+  auto& I = *impl_;
+  ++I.stats.step_failures;
+  std::fprintf(stderr, "kvant: %.*s\n", int(message.size()), message.data());
+  for (const auto& e : plan.sequences) {
+    auto it = I.by_seq.find(e.id);
+    if (it == I.by_seq.end()) continue;
+    Req& r = *it->second;
+    const RequestId id = r.id;
+    if (!r.done) {
+      finish_request(r, FinishReason::Error, message, true, ErrorCode::kEngine);
+    } else {
+      // Its final event went out before the failure; only its release is left.
+      if (scheduler_->find(r.seq) != nullptr) (void)scheduler_->finish(r.seq, FinishReason::Length);
+      ++I.stats.requests_finished;
+      I.by_seq.erase(r.seq);
+      pending_.fetch_sub(1);
+    }
+    I.reqs.erase(id);
+  }
+  I.sampled.assign(plan.sequences.size(), -1);
+  (void)scheduler_->commit(I.sampled);  // an error only when the plan was already committed
+  I.to_finish.clear();
+}
+
+void Engine::fail_all(std::string_view message) {
+  auto& I = *impl_;
+  std::vector<std::unique_ptr<Req>> fresh;
+  {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    fresh.swap(inbox_);
+    cancels_.clear();
+  }
+  for (auto& rp : fresh) {
+    rp->done = true;
+    emit(*rp, -1, "", nullptr, FinishReason::Error, message, ErrorCode::kEngine);
+    ++I.stats.requests_finished;
+    ++I.stats.requests_failed;
+    pending_.fetch_sub(1);
+  }
+  std::vector<Req*> all;
+  for (auto& [id, r] : I.reqs) all.push_back(r.get());
+  for (Req* r : all) finish_request(*r, FinishReason::Error, message, true, ErrorCode::kEngine);
+  I.reqs.clear();
+  I.by_seq.clear();
 }
 
 Result<void> Engine::run_until_idle() {

@@ -79,6 +79,18 @@ struct EngineOptions {
   // request behind its back (as a use-after-free bug would), so the
   // integrity pass can be watched catching it end to end.
   int64_t debug_fault_interval = 0;
+  // Debug only, off by default: step N (1-based) throws std::bad_alloc
+  // inside its forward, so the failure path (the step's requests fail, the
+  // engine goes on) can be watched end to end.
+  int64_t debug_throw_step = 0;
+};
+
+// Why a request failed (RequestEvent::error_code), for callers that must
+// tell a client a stable code while the message goes to the log.
+enum class ErrorCode {
+  kNone,
+  kKvIntegrity,  // the integrity pass caught a page that changed under it
+  kEngine,       // the step that ran it failed (the model rejected the batch, memory ran out)
 };
 
 // One event per sampled token, and one final event (finish != None) that may
@@ -93,6 +105,7 @@ struct RequestEvent {
   const PromptLogprobs* prompt_logprobs = nullptr;
   FinishReason finish = FinishReason::None;
   std::string_view error;  // with FinishReason::Error: what went wrong
+  ErrorCode error_code = ErrorCode::kNone;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // generated so far, this token included
   int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
@@ -131,6 +144,7 @@ struct EngineStats {
   int64_t pages_repaired = 0;   // pool pages fixed up after integrity failures
   int64_t faults_injected = 0;  // debug_fault_interval
   int64_t steps = 0;
+  int64_t step_failures = 0;  // steps whose work threw (their requests failed)
   double forward_seconds = 0, verify_seconds = 0;
 };
 
@@ -166,8 +180,14 @@ class Engine {
   void cancel(RequestId id);
 
   // Runs one step. Returns false when there was nothing to do. Errors are
-  // engine failures (the model rejected a batch), not per-request ones.
+  // engine failures, not per-request ones. An exception inside the step's
+  // work (integrity pass, forward, sampling) fails that step's requests
+  // (finish reason "error", ErrorCode::kEngine) and the engine goes on.
   Result<bool> step();
+  // Ends every request, admitted or not yet, with finish reason "error" and
+  // `message`, returning their pages: the last resort of a caller whose
+  // step() threw outside the step's own boundary. Stepping thread only.
+  void fail_all(std::string_view message);
   // Steps until no request is left.
   Result<void> run_until_idle();
   bool idle() const;
@@ -184,9 +204,13 @@ class Engine {
   struct Req;
   Engine() = default;
   void admit_inbox();
-  void finish_request(Req& r, FinishReason reason, std::string_view error, bool in_scheduler);
+  void finish_request(Req& r, FinishReason reason, std::string_view error, bool in_scheduler,
+                      ErrorCode code = ErrorCode::kEngine);
   void emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,
-            FinishReason finish, std::string_view error);
+            FinishReason finish, std::string_view error, ErrorCode code = ErrorCode::kNone);
+  // The step's work after scheduling (may throw; step() catches).
+  Result<bool> run_plan(const StepPlan& plan);
+  void fail_plan(const StepPlan& plan, std::string_view message);
   // Parts of step(), in the order it runs them.
   void check_step_integrity(const StepPlan& plan);
   void sample_and_stream(const StepPlan& plan, int64_t vocab);

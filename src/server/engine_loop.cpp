@@ -31,7 +31,28 @@ void EngineLoop::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::string EngineLoop::failure() const { return failed_.load() ? failure_ : std::string(); }
+std::string EngineLoop::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
+// The engine could not step: every request it holds fails with the message
+// (their clients get an error, not a hang), the failure is kept for /health,
+// and from now on the loop only fails what is still submitted.
+void EngineLoop::fail(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failure_ = error;
+  }
+  failed_.store(true);
+  std::fprintf(stderr, "kvant serve: engine failure: %s\n", error.c_str());
+  try {
+    engine_.fail_all("the engine failed; the server no longer serves requests");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvant serve: failing the requests also failed: %s\n", e.what());
+  }
+  metrics_.set_engine(engine_.stats());
+}
 
 void EngineLoop::run() {
   for (;;) {
@@ -43,16 +64,27 @@ void EngineLoop::run() {
       if (stopping_ && engine_.idle()) break;
       kicked_ = false;
     }
+    if (failed_.load()) {
+      // Requests that raced in are failed rather than run.
+      try {
+        engine_.fail_all("the engine failed; the server no longer serves requests");
+      } catch (...) {
+      }
+      continue;
+    }
     // Cancels of already finished requests leave the engine idle; one step
     // still drains them.
     do {
-      auto r = engine_.step();
-      if (!r) {
-        failure_ = r.error().message;
-        failed_.store(true);
-        std::fprintf(stderr, "kvant serve: engine failure: %s\n", failure_.c_str());
-        metrics_.set_engine(engine_.stats());
-        return;
+      std::string error;
+      try {
+        auto r = engine_.step();
+        if (!r) error = r.error().message;
+      } catch (const std::exception& e) {
+        error = std::string("exception: ") + e.what();
+      }
+      if (!error.empty()) {
+        fail(error);
+        break;
       }
       metrics_.set_engine(engine_.stats());
     } while (!engine_.idle());

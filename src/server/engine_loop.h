@@ -2,7 +2,10 @@
 // request is pending and sleeps on a condition variable otherwise (submit
 // and cancel wake it). After every step it snapshots Engine::stats() into
 // Metrics, because stats() may only be called from the stepping thread.
-// Request callbacks run on this thread.
+// Request callbacks run on this thread. A step that fails (an error, or an
+// exception that escaped the engine's own step boundary) fails every
+// request the engine holds and marks the loop failed: /health reports it
+// and later requests fail at once instead of hanging.
 #pragma once
 
 #include <atomic>
@@ -30,9 +33,10 @@ class EngineLoop {
 
  private:
   void run();
+  void fail(const std::string& error);
   Engine& engine_;
   Metrics& metrics_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool kicked_ = false, stopping_ = false;
   std::atomic<bool> failed_{false};

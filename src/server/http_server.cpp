@@ -1,333 +1,409 @@
-// HTTP transport of the server (see server.h): Boost.Beast sessions as
-// C++20 coroutines on one Asio I/O thread, routing, authentication,
-// admission, SSE streaming, client disconnects and graceful shutdown.
-//
-// Threads: the I/O thread owns every socket and every Generation's
-// connection-side fields; the engine loop thread runs the request callbacks,
-// which copy each event into the Generation's queue under its mutex and post
-// a wake-up to the I/O thread. A session waits for events on a steady_timer
-// that the posted handler cancels; it always looks at the queue before
-// waiting, so a wake-up that arrives while it is busy writing is not lost.
-// clang-format off
-#include <utility>  // before Asio: its awaitable.hpp uses std::exchange
-#include <boost/asio.hpp>
-// clang-format on
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <chrono>
+// HTTP transport of the server (see server.h and http_internal.h):
+// connections and their limits, header checks before a body is read,
+// routing, one exception boundary per connection, and graceful shutdown.
+// Completions are in generate.cpp.
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdio>
-#include <deque>
-#include <memory>
-#include <random>
-#include <unordered_set>
+#include <cstdlib>
+#include <exception>
 
-#include "server/engine_loop.h"
-#include "server/metrics.h"
-#include "server/openai_api.h"
-#include "server/server.h"
+#include "server/http_internal.h"
 
 namespace kvant::server {
 namespace {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
-using asio::awaitable;
-using asio::use_awaitable;
-using Clock = std::chrono::steady_clock;
+std::string_view sv(beast::string_view v) { return {v.data(), v.size()}; }
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// One event from the engine, copied off the engine thread.
-struct Event {
-  std::string text;
-  int32_t token = -1;
-  bool has_logprobs = false;
-  StepLogprobs logprobs;
-  std::shared_ptr<const PromptLogprobs> prompt_logprobs;  // with the first event, when asked
-  FinishReason finish = FinishReason::None;
-  std::string error;
-  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
-};
-
-// A request between the engine thread and its connection.
-struct Generation {
-  explicit Generation(asio::io_context& io) : io(io), timer(io) {}
-  asio::io_context& io;
-  RequestId id = 0;
-  // Shared with the engine thread.
-  std::mutex mu;
-  std::deque<Event> events;
-  // I/O thread only.
-  asio::steady_timer timer;
-  bool finished = false;      // the final event was taken from the queue
-  bool disconnected = false;  // the client went away
-  bool cancelled = false;
-  // Engine thread only (latency metrics).
-  Clock::time_point arrival, last_token;
-  bool any_event = false, any_token = false;
-};
-
-struct Connection {
-  explicit Connection(tcp::socket s) : stream(std::move(s)) {}
-  beast::tcp_stream stream;
-  beast::flat_buffer buf;
-};
-
-using Request = http::request<http::string_body>;
-
-class Server {
- public:
-  Server(Engine& engine, const ServerOptions& options)
-      : engine_(engine), opt_(options), loop_(engine, metrics_), acceptor_(io_), signals_(io_) {}
-
-  int run();
-
- private:
-  awaitable<void> accept_loop();
-  awaitable<void> session(tcp::socket socket);
-  // Returns false when the connection must close after this request.
-  awaitable<bool> handle(std::shared_ptr<Connection> conn, Request& req);
-  awaitable<bool> generate(std::shared_ptr<Connection> conn, Request& req, Endpoint endpoint);
-  std::optional<ApiError> tokenize_prompt(Endpoint endpoint, ParsedRequest& pr,
-                                          std::vector<int32_t>& ids);
-  awaitable<bool> write_sse_head(std::shared_ptr<Connection> conn, const Request& req);
-  awaitable<void> watch_disconnect(std::shared_ptr<Connection> conn,
-                                   std::shared_ptr<Generation> gen);
-  awaitable<bool> send(std::shared_ptr<Connection> conn, const Request& req, http::status status,
-                       std::string body, const char* content_type, bool keep_alive,
-                       std::vector<std::pair<std::string, std::string>> headers = {});
-  awaitable<bool> send_error(std::shared_ptr<Connection> conn, const Request& req, ApiError e,
-                             bool keep_alive = true,
-                             std::vector<std::pair<std::string, std::string>> headers = {});
-  void on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e);
-  void cancel(Generation& gen);
-  void begin_shutdown();
-  awaitable<void> supervise();
-  std::string new_id(Endpoint endpoint);
-  ServerGauges gauges() const { return {queued_.load(), in_flight_.load()}; }
-
-  Engine& engine_;
-  ServerOptions opt_;
-  Metrics metrics_;
-  EngineLoop loop_;
-  asio::io_context io_{1};
-  tcp::acceptor acceptor_;
-  asio::signal_set signals_;
-  std::atomic<int64_t> queued_{0}, in_flight_{0};
-  std::unordered_set<std::shared_ptr<Generation>> active_;  // I/O thread
-  bool draining_ = false;
-  Clock::time_point drain_start_;
-  bool drain_cancelled_ = false;
-  int rc_ = 0;
-  std::mt19937_64 rng_{std::random_device{}()};
-};
-
-std::string Server::new_id(Endpoint endpoint) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%s-%016llx", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl",
-                (unsigned long long)rng_());
-  return b;
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(int64_t(seconds * 1000));
 }
 
-awaitable<bool> Server::send(std::shared_ptr<Connection> conn, const Request& req,
-                             http::status status, std::string body, const char* content_type,
-                             bool keep_alive,
-                             std::vector<std::pair<std::string, std::string>> headers) {
+bool loopback_address(const std::string& host) {
+  if (host == "localhost") return true;
+  boost::system::error_code ec;
+  auto a = asio::ip::make_address(host, ec);
+  return !ec && a.is_loopback();
+}
+
+// The most prompt text (bytes) that could still fit `ctx` tokens: no token
+// of the vocabulary spells more than its longest piece.
+int64_t max_prompt_bytes(const Tokenizer& tok, int64_t ctx) {
+  size_t longest = 1;
+  for (int32_t i = 0; i < tok.vocab_size(); ++i)
+    longest = std::max({longest, tok.token_piece(i).size(), tok.token_text(i).size()});
+  return ctx * int64_t(longest);
+}
+
+// A file-descriptor limit as high as allowed: each connection holds one.
+void raise_fd_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+}  // namespace
+
+Server::Server(Engine& engine, const ServerOptions& options)
+    : engine_(engine),
+      opt_(options),
+      loop_(engine, metrics_),
+      budget_(options.max_request_bytes),
+      limits_(options.max_connections, options.max_connections_per_address),
+      workers_(size_t(std::max(1, options.workers))),
+      acceptor_(io_),
+      signals_(io_) {
+  origins_.loopback_bind = loopback_address(opt_.host);
+  origins_.allowed_hosts = opt_.allowed_hosts;
+  origins_.allowed_origins = opt_.allowed_origins;
+  if (opt_.max_queued_tokens <= 0) opt_.max_queued_tokens = 4 * engine_.capacity().tokens;
+  max_prompt_bytes_ = max_prompt_bytes(engine_.tokenizer(), engine_.capacity().max_context);
+}
+
+Server::~Server() {
+  workers_.stop();
+  workers_.join();
+}
+
+ServerGauges Server::gauges() const {
+  ServerGauges g;
+  g.queued = queued_.load();
+  g.in_flight = in_flight_.load();
+  g.queued_tokens = queued_tokens_.load();
+  g.held_bytes = budget_.used();
+  g.held_bytes_limit = budget_.limit();
+  g.connections = limits_.open();
+  g.worker_jobs = worker_jobs_.load();
+  return g;
+}
+
+bool Server::take_worker_slot() {
+  if (worker_jobs_.fetch_add(1) >= opt_.max_worker_queue) {
+    worker_jobs_.fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+awaitable<bool> Server::send(ConnPtr conn, const Request& req, http::status status,
+                             std::string body, const char* content_type, bool keep_alive,
+                             Headers headers) {
   http::response<http::string_body> res{status, req.version()};
   res.set(http::field::server, "kvant");
   res.set(http::field::content_type, content_type);
+  cors_headers(req, headers);
   for (auto& [k, v] : headers) res.set(k, v);
-  res.keep_alive(keep_alive && req.keep_alive());
+  res.keep_alive(keep_alive && req.keep_alive() && !conn->peer_closed && !draining_);
   res.body() = std::move(body);
   res.prepare_payload();
   metrics_.count_http(int(status));
   beast::error_code ec;
   conn->stream.expires_after(std::chrono::seconds(60));
+  if (req.method() == http::verb::head) {
+    // The headers GET would send, Content-Length included, and no body.
+    http::response<http::empty_body> head{std::move(res.base())};
+    http::response_serializer<http::empty_body> sr(head);
+    co_await http::async_write_header(conn->stream, sr, asio::redirect_error(use_awaitable, ec));
+    conn->stream.expires_never();
+    co_return !ec && head.keep_alive();
+  }
   co_await http::async_write(conn->stream, res, asio::redirect_error(use_awaitable, ec));
   conn->stream.expires_never();
   co_return !ec && res.keep_alive();
 }
 
-awaitable<bool> Server::send_error(std::shared_ptr<Connection> conn, const Request& req, ApiError e,
-                                   bool keep_alive,
-                                   std::vector<std::pair<std::string, std::string>> headers) {
+awaitable<bool> Server::send_error(ConnPtr conn, const Request& req, ApiError e, bool keep_alive,
+                                   Headers headers) {
   co_return co_await send(conn, req, http::status(e.status), error_body(e), "application/json",
                           keep_alive, std::move(headers));
 }
 
-// Built outside coroutines: GCC 12 rejects brace-initialised arrays of
-// string literals inside a coroutine body.
-std::vector<std::pair<std::string, std::string>> header(std::string name, std::string value) {
-  std::vector<std::pair<std::string, std::string>> h;
-  h.emplace_back(std::move(name), std::move(value));
-  return h;
+void Server::cors_headers(const Request& req, Headers& h) const {
+  auto it = req.find(http::field::origin);
+  if (it == req.end() || check_origin(origins_, sv(it->value()))) return;
+  h.emplace_back("Access-Control-Allow-Origin", std::string(it->value()));
+  h.emplace_back("Vary", "Origin");
 }
 
-nlohmann::json model_json(const std::string& name, int64_t max_context) {
-  return {{"id", name},
-          {"object", "model"},
-          {"created", 0},
-          {"owned_by", "kvant"},
-          {"max_model_len", max_context}};
-}
-
-nlohmann::json model_list_json(const nlohmann::json& m) {
-  return {{"object", "list"}, {"data", nlohmann::json::array({m})}};
-}
-
-ApiError api_error(int status, std::string message, std::string type, std::string code = "") {
-  ApiError e;
-  e.status = status;
-  e.message = std::move(message);
-  e.type = std::move(type);
-  e.code = std::move(code);
-  return e;
-}
-
-// A token as logprobs show it: its text, or "token_id:<id>" when the request asks for ids.
-std::string token_text(const Tokenizer& tok, bool as_ids, int32_t id) {
-  return as_ids ? "token_id:" + std::to_string(id) : tok.decode(std::span<const int32_t>(&id, 1));
-}
-
-// A generated token's logprob and its alternatives, as text.
-TokenLogprobText token_logprob_text(const Tokenizer& tok, bool as_ids, const StepLogprobs& s) {
-  TokenLogprobText t;
-  t.token = token_text(tok, as_ids, s.chosen.token);
-  t.logprob = s.chosen.logprob;
-  for (const auto& a : s.top_tokens())
-    t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
-  return t;
-}
-
-// The echoed prompt's tokens with the logprobs that came in `batch`, null where none came.
-std::vector<TokenLogprobText> echo_logprobs(const Tokenizer& tok, bool as_ids,
-                                            const std::vector<int32_t>& echo_ids,
-                                            const std::deque<Event>& batch) {
-  std::vector<TokenLogprobText> lps;
-  const PromptLogprobs* plp = nullptr;
-  for (const Event& ev : batch)
-    if (ev.prompt_logprobs) plp = ev.prompt_logprobs.get();
-  for (size_t p = 0; p < echo_ids.size(); ++p) {
-    TokenLogprobText t;
-    t.token = token_text(tok, as_ids, echo_ids[p]);
-    const int64_t i = plp ? int64_t(p) - plp->first : -1;
-    if (i >= 0 && i < plp->size()) {
-      t.logprob = plp->chosen[size_t(i)].logprob;
-      for (const auto& a : plp->top_at(i))
-        t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
-    } else {
-      t.has_logprob = false;
+void Server::start_session(tcp::socket socket) {
+  beast::error_code ec;
+  const auto ep = socket.remote_endpoint(ec);
+  if (ec) return;  // already gone
+  std::string address = ep.address().to_string();
+  const auto verdict = limits_.admit(address);
+  if (verdict != ConnectionLimits::Verdict::kAccept) {
+    // Over a limit: the longest-idle connection (of this address when its
+    // own limit is what is over) makes room; with none idle, this one is
+    // refused.
+    Connection* victim = nullptr;
+    for (Connection* c : conns_) {
+      if (!c->idle || c->evicted) continue;
+      if (verdict == ConnectionLimits::Verdict::kOverAddress && c->address != address) continue;
+      if (victim == nullptr || c->idle_since < victim->idle_since) victim = c;
     }
-    lps.push_back(std::move(t));
+    if (victim == nullptr) {
+      limits_.release(address);
+      asio::co_spawn(io_,
+                     refuse(std::move(socket),
+                            api_error(503, "too many open connections; retry later",
+                                      "server_error", "too_many_connections")),
+                     asio::detached);
+      return;
+    }
+    victim->evicted = true;
+    victim->stream.socket().close(ec);
   }
-  return lps;
+  auto conn = std::make_shared<Connection>(std::move(socket), std::move(address));
+  asio::co_spawn(io_, session(conn), [this, conn](std::exception_ptr e) {
+    // The last line of defence: session() catches what a request throws.
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        std::fprintf(stderr, "kvant serve: connection failed: %s\n", x.what());
+      } catch (...) {
+      }
+    }
+  });
 }
 
-// The engine's request for a parsed one, without its on_event callback.
-kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids) {
-  kvant::Request er;
-  er.prompt = std::move(ids);
-  er.sampling = pr.sampling;
-  er.stop = pr.stop;
-  er.logprobs = pr.logprobs && !pr.prompt_only;
-  er.prompt_only = pr.prompt_only;
-  if (pr.echo && pr.logprobs) {
-    er.prompt_logprobs = pr.top_logprobs;
-    er.prompt_logprobs_from = std::min<int64_t>(pr.prompt_logprobs_from, int64_t(er.prompt.size()));
-  }
-  return er;
-}
-
-// One batch's SSE events; advances `text_offset` past the delta.
-std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
-                       bool first_chunk, const std::string& delta,
-                       const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
-                       bool finished, const std::string& finish, const std::string& error,
-                       const Usage& usage) {
-  std::string out;
-  // The finish goes in a chunk of its own after the last text, the way
-  // OpenAI's stream ends.
-  if (!delta.empty() || !delta_lps.empty() || first_chunk)
-    out += "data: " +
-           dump_json(stream_chunk(endpoint, meta, first_chunk, delta,
-                                  pr.logprobs ? &delta_lps : nullptr, text_offset, "", "")) +
-           "\n\n";
-  text_offset += int64_t(delta.size());
-  if (finished) {
-    out += "data: " +
-           dump_json(stream_chunk(endpoint, meta, false, "", nullptr, text_offset, finish, error)) +
-           "\n\n";
-    if (pr.include_usage) out += "data: " + dump_json(usage_chunk(endpoint, meta, usage)) + "\n\n";
-    out += "data: [DONE]\n\n";
-  }
-  return out;
+// Answers a connection over the limits with one error and closes it.
+awaitable<void> Server::refuse(tcp::socket socket, ApiError e) {
+  auto conn = std::make_shared<Connection>(std::move(socket), "");
+  Request dummy;
+  dummy.version(11);
+  dummy.keep_alive(false);
+  co_await send_error(conn, dummy, std::move(e), false, header("Retry-After", "1"));
+  beast::error_code ec;
+  conn->stream.socket().close(ec);
 }
 
 awaitable<void> Server::accept_loop() {
+  asio::steady_timer backoff(io_);
   for (;;) {
     beast::error_code ec;
     tcp::socket s = co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec) {
       if (!acceptor_.is_open()) co_return;
-      continue;  // e.g. too many open files: keep serving the others
+      // Out of descriptors (or another transient failure): retrying at once
+      // would spin; others finish and free theirs meanwhile.
+      backoff.expires_after(std::chrono::milliseconds(50));
+      co_await backoff.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
     }
     if (draining_) continue;  // the socket closes as it goes out of scope
-    asio::co_spawn(io_, session(std::move(s)), asio::detached);
+    start_session(std::move(s));
   }
 }
 
-awaitable<void> Server::session(tcp::socket socket) {
-  auto conn = std::make_shared<Connection>(std::move(socket));
-  for (;;) {
-    http::request_parser<http::string_body> parser;
+awaitable<void> Server::session(ConnPtr conn) {
+  conns_.insert(conn.get());
+  for (bool first = true;; first = false) {
+    Parser parser;
     parser.body_limit(uint64_t(opt_.max_body_bytes));
     parser.header_limit(64 * 1024);
     beast::error_code ec;
-    // Idle keep-alive connections and slow senders are dropped.
-    conn->stream.expires_after(std::chrono::seconds(120));
-    co_await http::async_read(conn->stream, conn->buf, parser,
-                              asio::redirect_error(use_awaitable, ec));
+    conn->idle = true;
+    conn->idle_since = Clock::now();
+    // Headers (and, on a kept-alive connection, the wait for them) within
+    // the header timeout: idle and slow-header connections are dropped.
+    conn->stream.expires_after(millis(opt_.header_timeout_seconds));
+    co_await http::async_read_header(conn->stream, conn->buf, parser,
+                                     asio::redirect_error(use_awaitable, ec));
     conn->stream.expires_never();
-    if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+    conn->idle = false;
+    if (conn->evicted || (draining_ && ec)) break;
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
       break;
-    if (ec) {
-      Request dummy;
-      dummy.version(11);
-      if (ec == http::error::body_limit) {
+    if (ec == beast::error::timeout) {
+      // Only a request that had begun hears why.
+      if (conn->buf.size() > 0 || first) {
+        Request dummy;
+        dummy.version(11);
         co_await send_error(conn, dummy,
-                            api_error(413,
-                                      "the request body is larger than the limit of " +
-                                          std::to_string(opt_.max_body_bytes) + " bytes",
-                                      "invalid_request_error", "request_too_large"),
+                            api_error(408, "the request headers did not arrive in time",
+                                      "invalid_request_error", "request_timeout"),
                             false);
-      } else if (ec == http::error::header_limit) {
-        co_await send_error(
-            conn, dummy,
-            api_error(431, "the request headers are too large", "invalid_request_error"), false);
-      } else {
-        co_await send_error(
-            conn, dummy,
-            api_error(400, "malformed HTTP request: " + ec.message(), "invalid_request_error"),
-            false);
       }
       break;
     }
-    Request req = parser.release();
-    const bool keep = co_await handle(conn, req);
-    if (!keep) break;
+    if (ec == http::error::body_limit) {
+      // Content-Length over --max-body: refused before a byte of the body is read.
+      Request dummy;
+      dummy.version(11);
+      co_await send_error(conn, dummy,
+                          api_error(413,
+                                    "the request body is larger than the limit of " +
+                                        std::to_string(opt_.max_body_bytes) + " bytes",
+                                    "invalid_request_error", "request_too_large"),
+                          false);
+      break;
+    }
+    if (ec) {
+      Request dummy;
+      dummy.version(11);
+      // A named error, not a conditional temporary inside co_await (GCC 12
+      // destroys such temporaries wrongly).
+      ApiError e = api_error(400, "malformed HTTP request: " + ec.message(), "invalid_request_error");
+      if (ec == http::error::header_limit)
+        e = api_error(431, "the request headers are too large", "invalid_request_error");
+      co_await send_error(conn, dummy, std::move(e), false);
+      break;
+    }
+    ++responding_;
+    bool keep = false;
+    std::exception_ptr failure;
+    try {
+      keep = co_await serve_one(conn, parser);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure) {
+      // One request's failure (bad_alloc, a bug) ends its connection with a
+      // 500 when nothing was written yet; the server goes on.
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(failure);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      std::fprintf(stderr, "kvant serve: request failed: %s\n", what.c_str());
+      Request dummy;
+      dummy.version(11);
+      co_await send_error(conn, dummy,
+                          api_error(500, "the server failed to handle this request",
+                                    "server_error", "internal_error"),
+                          false);
+      keep = false;
+    }
+    --responding_;
+    if (!keep || draining_) break;
   }
+  conns_.erase(conn.get());
+  limits_.release(conn->address);
   beast::error_code ec;
   conn->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   conn->stream.socket().close(ec);
 }
 
-awaitable<bool> Server::handle(std::shared_ptr<Connection> conn, Request& req) {
+std::optional<ApiError> Server::check_headers(const Parser& parser, bool& is_preflight) {
+  const auto& h = parser.get();
+  is_preflight = false;
+  if (auto bad = check_host(origins_, sv(h[http::field::host])))
+    return api_error(403, *bad, "invalid_request_error", "host_not_allowed");
+  if (auto it = h.find(http::field::origin); it != h.end())
+    if (auto bad = check_origin(origins_, sv(it->value())))
+      return api_error(403, *bad, "invalid_request_error", "origin_not_allowed");
+  if (h.method() == http::verb::options) {
+    is_preflight = true;
+    return std::nullopt;
+  }
+  std::string target(h.target());
+  if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+  const bool protected_route = target.rfind("/v1/", 0) == 0 || target == "/tokenize";
+  if (protected_route && !opt_.api_key.empty()) {
+    auto it = h.find(http::field::authorization);
+    if (it == h.end() || !bearer_matches(sv(it->value()), opt_.api_key)) {
+      ApiError e = api_error(401,
+                             it == h.end() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                           : "incorrect API key",
+                             "authentication_error", "invalid_api_key");
+      return e;
+    }
+  }
+  if (h.method() == http::verb::post) {
+    if (parser.content_length() && *parser.content_length() > uint64_t(opt_.max_body_bytes))
+      return api_error(413,
+                       "the request body is larger than the limit of " +
+                           std::to_string(opt_.max_body_bytes) + " bytes",
+                       "invalid_request_error", "request_too_large");
+    if (protected_route && !is_json_content_type(sv(h[http::field::content_type])))
+      return api_error(415,
+                       "the request body must be JSON, sent with 'Content-Type: application/json'",
+                       "invalid_request_error", "unsupported_media_type");
+  }
+  return std::nullopt;
+}
+
+awaitable<bool> Server::serve_one(ConnPtr conn, Parser& parser) {
+  bool preflight = false;
+  Request head_only;
+  head_only.version(parser.get().version());
+  head_only.method(parser.get().method());
+  head_only.keep_alive(false);
+  if (auto it = parser.get().find(http::field::origin); it != parser.get().end())
+    head_only.set(http::field::origin, it->value());
+  if (auto bad = check_headers(parser, preflight)) {
+    Headers extra;
+    if (bad->status == 401) extra = header("WWW-Authenticate", "Bearer");
+    // The body was not read: the connection closes after the answer.
+    co_return co_await send_error(conn, head_only, *bad, false, std::move(extra));
+  }
+  if (preflight) {
+    Headers h = header("Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS");
+    h.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    h.emplace_back("Access-Control-Max-Age", "600");
+    co_return co_await send(conn, head_only, http::status::no_content, "", "text/plain", false,
+                            std::move(h));
+  }
+  // The body's bytes come out of the budget before it is read.
+  Reservation body(&budget_);
+  if (!parser.is_done()) {
+    const int64_t want = parser.content_length() ? int64_t(*parser.content_length())
+                                                 : opt_.max_body_bytes;  // chunked: its most
+    if (!body.resize(want))
+      co_return co_await send_error(
+          conn, head_only,
+          api_error(429,
+                    "the server holds as many request bytes as it may (" +
+                        std::to_string(budget_.limit()) + "); retry later",
+                    "rate_limit_error", "memory_budget"),
+          false, header("Retry-After", "1"));
+    beast::error_code ec;
+    conn->stream.expires_after(millis(opt_.body_timeout_seconds + double(want) / 65536.0));
+    co_await http::async_read(conn->stream, conn->buf, parser,
+                              asio::redirect_error(use_awaitable, ec));
+    conn->stream.expires_never();
+    if (ec == http::error::body_limit)
+      co_return co_await send_error(conn, head_only,
+                                    api_error(413,
+                                              "the request body is larger than the limit of " +
+                                                  std::to_string(opt_.max_body_bytes) + " bytes",
+                                              "invalid_request_error", "request_too_large"),
+                                    false);
+    if (ec == beast::error::timeout)
+      co_return co_await send_error(conn, head_only,
+                                    api_error(408, "the request body did not arrive in time",
+                                              "invalid_request_error", "request_timeout"),
+                                    false);
+    if (ec) co_return false;  // the client went away or sent garbage mid-body
+  }
+  Request req = parser.release();
+  body.resize(int64_t(req.body().size()));
+  co_return co_await handle(conn, req, std::move(body));
+}
+
+std::string Server::health_body() const {
+  nlohmann::json j;
+  if (loop_.failed()) {
+    j["status"] = "failed";
+    j["error"] = loop_.failure();
+  } else {
+    j["status"] = draining_ ? "unavailable" : "ok";
+  }
+  return dump_json(j);
+}
+
+awaitable<bool> Server::handle(ConnPtr conn, Request& req, Reservation body) {
   std::string target(req.target());
   if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
   const auto method = req.method();
@@ -342,33 +418,19 @@ awaitable<bool> Server::handle(std::shared_ptr<Connection> conn, Request& req) {
   const bool is_get = method == http::verb::get || method == http::verb::head;
 
   if (target == "/health") {
-    if (!is_get) co_return co_await method_not_allowed("GET");
-    if (draining_ || loop_.failed())
-      co_return co_await send(conn, req, http::status::service_unavailable,
-                              "{\"status\":\"unavailable\"}", "application/json", false);
-    co_return co_await send(conn, req, http::status::ok, "{\"status\":\"ok\"}", "application/json",
-                            true);
+    if (!is_get) co_return co_await method_not_allowed("GET, HEAD");
+    const bool ok = !draining_ && !loop_.failed();
+    const http::status status = ok ? http::status::ok : http::status::service_unavailable;
+    std::string health = health_body();
+    co_return co_await send(conn, req, status, std::move(health), "application/json", ok);
   }
   if (target == "/metrics") {
-    if (!is_get) co_return co_await method_not_allowed("GET");
+    if (!is_get) co_return co_await method_not_allowed("GET, HEAD");
     co_return co_await send(conn, req, http::status::ok, metrics_.render(gauges()),
                             "text/plain; version=0.0.4", true);
   }
-  const bool is_v1 = target.rfind("/v1/", 0) == 0 || target == "/tokenize";
-  if (is_v1 && !opt_.api_key.empty()) {
-    const std::string want = "Bearer " + opt_.api_key;
-    auto it = req.find(http::field::authorization);
-    if (it == req.end() || it->value() != want)
-      co_return co_await send_error(
-          conn, req,
-          api_error(401,
-                    it == req.end() ? "missing API key: send 'Authorization: Bearer KEY'"
-                                    : "incorrect API key",
-                    "authentication_error", "invalid_api_key"),
-          true, header("WWW-Authenticate", "Bearer"));
-  }
   if (target == "/v1/models" || target.rfind("/v1/models/", 0) == 0) {
-    if (!is_get) co_return co_await method_not_allowed("GET");
+    if (!is_get) co_return co_await method_not_allowed("GET, HEAD");
     const nlohmann::json m = model_json(opt_.model_name, engine_.capacity().max_context);
     if (target == "/v1/models") {
       std::string list = dump_json(model_list_json(m));
@@ -385,289 +447,52 @@ awaitable<bool> Server::handle(std::shared_ptr<Connection> conn, Request& req) {
   if (target == "/v1/chat/completions" || target == "/v1/completions") {
     if (method != http::verb::post) co_return co_await method_not_allowed("POST");
     co_return co_await generate(
-        conn, req, target == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completion);
+        conn, req, target == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completion,
+        std::move(body));
   }
   if (target == "/tokenize") {
     if (method != http::verb::post) co_return co_await method_not_allowed("POST");
-    auto t = tokenize_request(req.body(), opt_.model_name, engine_.tokenizer(),
-                              engine_.capacity().max_context);
-    if (!t.error.message.empty()) co_return co_await send_error(conn, req, t.error);
-    co_return co_await send(conn, req, http::status::ok, dump_json(t.response), "application/json",
-                            true);
+    co_return co_await tokenize(conn, req, std::move(body));
   }
   co_return co_await send_error(
       conn, req, api_error(404, "no route for " + target, "invalid_request_error", "not_found"));
 }
 
-void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e) {
-  // Engine thread.
-  const auto now = Clock::now();
-  if (!gen->any_event) {
-    gen->any_event = true;
-    queued_.fetch_sub(1);
-  }
-  if (e.token >= 0) {
-    if (!gen->any_token)
-      metrics_.ttft.observe(std::chrono::duration<double>(now - gen->arrival).count());
-    else
-      metrics_.itl.observe(std::chrono::duration<double>(now - gen->last_token).count());
-    gen->any_token = true;
-    gen->last_token = now;
-  }
-  Event ev;
-  ev.text.assign(e.text);
-  ev.token = e.token;
-  if (e.logprobs) {
-    ev.has_logprobs = true;
-    ev.logprobs = *e.logprobs;
-  }
-  if (e.prompt_logprobs) ev.prompt_logprobs = std::make_shared<PromptLogprobs>(*e.prompt_logprobs);
-  ev.finish = e.finish;
-  ev.error.assign(e.error);
-  ev.prompt_tokens = e.prompt_tokens;
-  ev.completion_tokens = e.completion_tokens;
-  ev.cached_tokens = e.cached_tokens;
-  if (e.finish != FinishReason::None) {
-    metrics_.e2e.observe(std::chrono::duration<double>(now - gen->arrival).count());
-    metrics_.count_finish(std::string(finish_reason_name(e.finish)));
-    in_flight_.fetch_sub(1);
-  }
-  bool was_empty;
-  {
-    std::lock_guard<std::mutex> lk(gen->mu);
-    was_empty = gen->events.empty();
-    gen->events.push_back(std::move(ev));
-  }
-  if (was_empty) asio::post(gen->io, [gen] { gen->timer.cancel(); });
-}
-
-void Server::cancel(Generation& gen) {
-  if (gen.cancelled || gen.finished) return;
-  gen.cancelled = true;
-  engine_.cancel(gen.id);
-  loop_.wake();
-}
-
-awaitable<void> Server::watch_disconnect(std::shared_ptr<Connection> conn,
-                                         std::shared_ptr<Generation> gen) {
-  // The request has been read; the client sends nothing more until the
-  // response ends, so a completed read means it closed (or pipelined, which
-  // this server answers by closing after the response).
-  char byte;
-  beast::error_code ec;
-  co_await conn->stream.socket().async_read_some(asio::buffer(&byte, 1),
-                                                 asio::redirect_error(use_awaitable, ec));
-  if (gen->finished) co_return;
-  if (ec && ec != asio::error::operation_aborted) {
-    gen->disconnected = true;
-    cancel(*gen);
-    gen->timer.cancel();
-  }
-}
-
-awaitable<bool> Server::generate(std::shared_ptr<Connection> conn, Request& req,
-                                 Endpoint endpoint) {
-  if (draining_)
-    co_return co_await send_error(
-        conn, req, api_error(503, "the server is shutting down", "server_error", "shutting_down"),
-        false);
-  auto parsed = parse_request(endpoint, req.body(), opt_.model_name, opt_.max_logprobs);
-  if (!parsed.request) co_return co_await send_error(conn, req, parsed.error);
-  ParsedRequest& pr = *parsed.request;
-  const Tokenizer& tok = engine_.tokenizer();
-
-  std::vector<int32_t> ids;
-  const std::optional<ApiError> bad_prompt = tokenize_prompt(endpoint, pr, ids);
-  if (bad_prompt) co_return co_await send_error(conn, req, *bad_prompt);
-  if (queued_.load() >= opt_.max_waiting)
+// POST /tokenize on the worker pool. Text of any length up to --max-body is
+// tokenized (evaluation tokenizes whole documents and windows them); the
+// tokenizer's cost stays bounded per word (kMaxBpeSymbols).
+awaitable<bool> Server::tokenize(ConnPtr conn, Request& req, Reservation body) {
+  // The token list and its JSON take up to about 16 bytes per byte of text.
+  if (!body.resize(16 * int64_t(req.body().size()) + 4096))
     co_return co_await send_error(conn, req,
                                   api_error(429,
-                                            "the server has " + std::to_string(queued_.load()) +
-                                                " requests waiting, its limit; retry later",
-                                            "rate_limit_error", "queue_full"),
+                                            "the server holds as many request bytes as it may (" +
+                                                std::to_string(budget_.limit()) + "); retry later",
+                                            "rate_limit_error", "memory_budget"),
                                   true, header("Retry-After", "1"));
-
-  auto gen = std::make_shared<Generation>(io_);
-  gen->arrival = Clock::now();
-  // What echo sends back: the prompt as given (its tokens' text for ids).
-  std::vector<int32_t> echo_ids;
-  std::string echo_text;
-  if (pr.echo) {
-    echo_ids = ids;
-    echo_text = pr.prompt_is_ids ? tok.decode(echo_ids) : pr.prompt;
-  }
-  kvant::Request er = engine_request(pr, std::move(ids));
-  er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
-  queued_.fetch_add(1);
-  in_flight_.fetch_add(1);
-  auto id = engine_.submit(std::move(er));
-  if (!id) {
-    queued_.fetch_sub(1);
-    in_flight_.fetch_sub(1);
+  if (!take_worker_slot())
     co_return co_await send_error(conn, req,
-                                  api_error(400, id.error().message, "invalid_request_error"));
-  }
-  gen->id = *id;
-  active_.insert(gen);
-  loop_.wake();
-  asio::co_spawn(io_, watch_disconnect(conn, gen), asio::detached);
-
-  ResponseMeta meta{new_id(endpoint),
-                    std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count(),
-                    opt_.model_name};
-  std::string text;
-  std::vector<TokenLogprobText> lps;
-  Usage usage;
-  std::string finish, error;
-  bool first_chunk = true, write_failed = false;
-  int64_t text_offset = 0;
-  bool echoed = false;
-
-  auto write_chunk = [&](std::string data) -> awaitable<void> {
-    if (write_failed) co_return;
-    beast::error_code ec;
-    conn->stream.expires_after(std::chrono::seconds(60));
-    co_await asio::async_write(conn->stream, http::make_chunk(asio::buffer(data)),
-                               asio::redirect_error(use_awaitable, ec));
-    conn->stream.expires_never();
-    if (ec) {
-      write_failed = true;
-      gen->disconnected = true;
-      cancel(*gen);
-    }
+                                  api_error(503, "the server is busy; retry later", "server_error",
+                                            "server_busy"),
+                                  true, header("Retry-After", "1"));
+  std::string text = std::move(req.body());
+  TokenizeOutcome t;
+  std::exception_ptr failure;
+  auto job = [this, text = std::move(text)]() {
+    return tokenize_request(text, opt_.model_name, engine_.tokenizer(),
+                            engine_.capacity().max_context);
   };
-  if (pr.stream) {
-    const bool head_written = co_await write_sse_head(conn, req);
-    if (!head_written) {
-      write_failed = true;
-      cancel(*gen);
-    }
+  try {
+    t = co_await offload(std::move(job));
+  } catch (...) {
+    failure = std::current_exception();
   }
-
-  while (!gen->finished) {
-    std::deque<Event> batch;
-    {
-      std::lock_guard<std::mutex> lk(gen->mu);
-      batch.swap(gen->events);
-    }
-    if (batch.empty()) {
-      gen->timer.expires_at(Clock::time_point::max());
-      beast::error_code ec;
-      co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
-      continue;
-    }
-    std::string delta;
-    std::vector<TokenLogprobText> delta_lps;
-    if (pr.echo && !echoed) {
-      // The prompt first: its text, and its tokens' logprobs (none for the
-      // first token and those before prompt_logprobs_from, or when the
-      // request failed before its prompt was computed).
-      echoed = true;
-      delta = echo_text;
-      if (pr.logprobs) delta_lps = echo_logprobs(tok, pr.tokens_as_ids, echo_ids, batch);
-    }
-    for (Event& ev : batch) {
-      delta += ev.text;
-      if (pr.logprobs && ev.has_logprobs)
-        delta_lps.push_back(token_logprob_text(tok, pr.tokens_as_ids, ev.logprobs));
-      usage.prompt_tokens = ev.prompt_tokens;
-      usage.completion_tokens = ev.completion_tokens;
-      usage.cached_tokens = ev.cached_tokens;
-      if (ev.finish != FinishReason::None) {
-        gen->finished = true;
-        finish = std::string(finish_reason_name(ev.finish));
-        error = ev.error;
-      }
-    }
-    if (pr.stream && !write_failed) {
-      if (!delta.empty() || !delta_lps.empty() || first_chunk || gen->finished) {
-        std::string out = sse_events(endpoint, meta, pr, first_chunk, delta, delta_lps, text_offset,
-                                     gen->finished, finish, error, usage);
-        first_chunk = false;
-        co_await write_chunk(std::move(out));
-      }
-    } else if (!pr.stream) {
-      text += delta;
-      for (auto& t : delta_lps) lps.push_back(std::move(t));
-    }
-  }
-  active_.erase(gen);
-  beast::error_code ec;
-  conn->stream.socket().cancel(ec);  // ends the disconnect watcher
-  if (gen->disconnected) co_return false;
-  if (pr.stream) {
-    if (!write_failed) {
-      conn->stream.expires_after(std::chrono::seconds(60));
-      co_await asio::async_write(conn->stream, http::make_chunk_last(),
-                                 asio::redirect_error(use_awaitable, ec));
-      conn->stream.expires_never();
-    }
-    co_return false;
-  }
-  auto body =
-      full_response(endpoint, meta, text, pr.logprobs ? &lps : nullptr, finish, error, usage);
-  co_await send(conn, req, http::status::ok, dump_json(body), "application/json", false);
-  co_return false;
-}
-
-// The prompt's token ids, checked against the vocabulary and the context; the error otherwise.
-std::optional<ApiError> Server::tokenize_prompt(Endpoint endpoint, ParsedRequest& pr,
-                                                std::vector<int32_t>& ids) {
-  const Tokenizer& tok = engine_.tokenizer();
-  if (endpoint == Endpoint::Chat) {
-    if (!opt_.render_chat)
-      return api_error(400, "this model has no chat template", "invalid_request_error");
-    auto r = opt_.render_chat(pr.messages);
-    if (!r) return api_error(400, r.error().message, "invalid_request_error");
-    ids = std::move(*r);
-  } else if (pr.prompt_is_ids) {
-    ids = std::move(pr.prompt_ids);
-    for (int32_t t : ids)
-      if (t >= tok.vocab_size()) {
-        ApiError e =
-            api_error(400,
-                      "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                          std::to_string(tok.vocab_size()) + ")",
-                      "invalid_request_error");
-        e.param = "prompt";
-        return e;
-      }
-  } else {
-    ids = tok.encode(pr.prompt, /*add_bos=*/true, /*parse_special=*/true);
-  }
-  const int64_t ctx = engine_.capacity().max_context;
-  if (ids.empty()) {
-    ApiError e = api_error(400, "the prompt is empty after tokenization", "invalid_request_error");
-    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
-    return e;
-  }
-  if (int64_t(ids.size()) >= ctx) {
-    ApiError e = api_error(400,
-                           "this model's context holds " + std::to_string(ctx) +
-                               " tokens, but the prompt has " + std::to_string(ids.size()) +
-                               " tokens (the prompt plus at least one generated token must fit)",
-                           "invalid_request_error", "context_length_exceeded");
-    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
-    return e;
-  }
-  return std::nullopt;
-}
-
-// Starts a chunked text/event-stream response; false when its header cannot be written.
-awaitable<bool> Server::write_sse_head(std::shared_ptr<Connection> conn, const Request& req) {
-  http::response<http::empty_body> head{http::status::ok, req.version()};
-  head.set(http::field::server, "kvant");
-  head.set(http::field::content_type, "text/event-stream");
-  head.set(http::field::cache_control, "no-cache");
-  head.keep_alive(false);
-  head.chunked(true);
-  http::response_serializer<http::empty_body> sr(head);
-  beast::error_code ec;
-  co_await http::async_write_header(conn->stream, sr, asio::redirect_error(use_awaitable, ec));
-  metrics_.count_http(200);
-  co_return !ec;
+  give_worker_slot();
+  body.reset();
+  if (failure) std::rethrow_exception(failure);
+  if (!t.error.message.empty()) co_return co_await send_error(conn, req, t.error);
+  co_return co_await send(conn, req, http::status::ok, dump_json(t.response), "application/json",
+                          true);
 }
 
 void Server::begin_shutdown() {
@@ -677,6 +502,23 @@ void Server::begin_shutdown() {
   std::fprintf(stderr, "kvant serve: shutting down, %zu requests in flight\n", active_.size());
   beast::error_code ec;
   acceptor_.close(ec);
+  // Idle keep-alive connections hold nothing: they close now.
+  for (Connection* c : conns_)
+    if (c->idle) c->stream.socket().close(ec);
+}
+
+void Server::arm_signals() {
+  signals_.async_wait([this](const beast::error_code& e, int) {
+    if (e) return;
+    if (draining_) {
+      // A second signal: the operator wants out now.
+      std::fprintf(stderr, "kvant serve: second signal, exiting now\n");
+      std::fflush(stderr);
+      std::_Exit(130);
+    }
+    begin_shutdown();
+    arm_signals();
+  });
 }
 
 awaitable<void> Server::supervise() {
@@ -685,13 +527,9 @@ awaitable<void> Server::supervise() {
     t.expires_after(std::chrono::milliseconds(50));
     beast::error_code ec;
     co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
-    if (loop_.failed()) {
-      rc_ = 1;
-      io_.stop();
-      co_return;
-    }
     if (!draining_) continue;
-    if (active_.empty() && in_flight_.load() == 0) {
+    // Every response is written before the I/O thread stops.
+    if (active_.empty() && in_flight_.load() == 0 && responding_ == 0) {
       io_.stop();
       co_return;
     }
@@ -711,12 +549,13 @@ awaitable<void> Server::supervise() {
 
 int Server::run() {
   beast::error_code ec;
-  auto addr = asio::ip::make_address(opt_.host, ec);
+  auto addr = asio::ip::make_address(opt_.host == "localhost" ? "127.0.0.1" : opt_.host, ec);
   if (ec) {
     std::fprintf(stderr, "kvant serve: bad --host '%s': %s\n", opt_.host.c_str(),
                  ec.message().c_str());
     return 2;
   }
+  raise_fd_limit();
   tcp::endpoint ep(addr, uint16_t(opt_.port));
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -730,9 +569,7 @@ int Server::run() {
   const int port = acceptor_.local_endpoint().port();
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
-  signals_.async_wait([this](const beast::error_code& e, int) {
-    if (!e) begin_shutdown();
-  });
+  arm_signals();
   loop_.start();
   asio::co_spawn(io_, accept_loop(), asio::detached);
   asio::co_spawn(io_, supervise(), asio::detached);
@@ -742,8 +579,6 @@ int Server::run() {
   std::fprintf(stderr, "kvant serve: stopped\n");
   return rc_;
 }
-
-}  // namespace
 
 int run_server(Engine& engine, const ServerOptions& options) {
   // SIGPIPE would kill the process on a write to a closed socket; Asio

@@ -92,6 +92,18 @@ std::string Metrics::render(const ServerGauges& g) const {
        "Requests accepted by the server that have not produced a token yet.", double(g.queued));
   line(o, "kvant_requests_in_flight", "gauge", "Requests accepted by the server, not finished.",
        double(g.in_flight));
+  line(o, "kvant_requests_queued_tokens", "gauge", "Prompt tokens of the queued requests.",
+       double(g.queued_tokens));
+  line(o, "kvant_request_bytes_held", "gauge",
+       "Bytes the server holds for requests (bodies being read, prompts, answers).",
+       double(g.held_bytes));
+  line(o, "kvant_request_bytes_limit", "gauge", "The request byte budget (--max-request-memory).",
+       double(g.held_bytes_limit));
+  line(o, "kvant_http_connections", "gauge", "Open client connections.", double(g.connections));
+  line(o, "kvant_http_worker_jobs", "gauge", "Parse and tokenize jobs queued or running.",
+       double(g.worker_jobs));
+  line(o, "kvant_engine_step_failures_total", "counter",
+       "Engine steps whose work failed (their requests got an error).", double(s.step_failures));
   line(o, "kvant_kv_pages_total", "gauge", "KV cache pages in the pool.", double(s.kv_pages_total));
   line(o, "kvant_kv_pages_used", "gauge",
        "KV cache pages allocated (held by requests or the prefix cache).", double(s.kv_pages_used));

@@ -34,6 +34,11 @@ class Histogram {
 struct ServerGauges {
   int64_t queued = 0;     // submitted, no event yet
   int64_t in_flight = 0;  // submitted, not finished
+  int64_t queued_tokens = 0;     // prompt tokens of the queued requests
+  int64_t held_bytes = 0;        // the request byte budget in use
+  int64_t held_bytes_limit = 0;
+  int64_t connections = 0;
+  int64_t worker_jobs = 0;  // parse/tokenize jobs queued or running
 };
 
 class Metrics {

@@ -466,22 +466,24 @@ nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprobTe
 }
 
 namespace {
-json choice_error(std::string_view error) {
-  return {{"message", std::string(error)}, {"type", "integrity_error"}};
+json choice_error(std::string_view error, std::string_view code) {
+  return {{"message", std::string(error)},
+          {"type", "server_error"},
+          {"code", code.empty() ? json(nullptr) : json(std::string(code))}};
 }
 }  // namespace
 
 nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
                              const std::vector<TokenLogprobText>* logprobs,
                              std::string_view finish_reason, std::string_view error,
-                             const Usage& usage) {
+                             const Usage& usage, std::string_view error_code) {
   json choice = {{"index", 0}, {"finish_reason", std::string(finish_reason)}};
   if (endpoint == Endpoint::Chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
     choice["text"] = text;
   choice["logprobs"] = logprobs ? logprobs_json(endpoint, *logprobs, 0) : json(nullptr);
-  if (!error.empty()) choice["error"] = choice_error(error);
+  if (!error.empty()) choice["error"] = choice_error(error, error_code);
   return {{"id", meta.id},
           {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
           {"created", meta.created},
@@ -493,7 +495,7 @@ nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const 
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
-                            std::string_view error) {
+                            std::string_view error, std::string_view error_code) {
   json choice = {{"index", 0}};
   if (endpoint == Endpoint::Chat) {
     json delta = json::object();
@@ -508,7 +510,7 @@ nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool fi
                            : json(nullptr);
   choice["finish_reason"] =
       finish_reason.empty() ? json(nullptr) : json(std::string(finish_reason));
-  if (!error.empty()) choice["error"] = choice_error(error);
+  if (!error.empty()) choice["error"] = choice_error(error, error_code);
   return {{"id", meta.id},
           {"object", endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion"},
           {"created", meta.created},

@@ -105,17 +105,18 @@ struct ResponseMeta {
   std::string model;
 };
 
-// A whole (non-streamed) response.
+// A whole (non-streamed) response. A failed request's choice carries
+// {"error": {"message": error, "type": "server_error", "code": error_code}}.
 nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
                              const std::vector<TokenLogprobText>* logprobs,
                              std::string_view finish_reason, std::string_view error,
-                             const Usage& usage);
+                             const Usage& usage, std::string_view error_code = "");
 // One stream chunk: a text delta (first: with the assistant role), and/or a
 // finish; `logprobs` may be null.
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
-                            std::string_view error);
+                            std::string_view error, std::string_view error_code = "");
 // The last chunk when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
 

@@ -1,10 +1,13 @@
 // kvant's OpenAI-compatible HTTP server: /v1/chat/completions,
 // /v1/completions (plain and SSE streaming; `echo` with prompt logprobs),
-// /v1/models, /tokenize, /health and /metrics (Prometheus text), over Boost.Beast on one Asio I/O thread, with
-// the engine driven by a loop thread of its own. It owns HTTP, the OpenAI
-// wire format, admission (API key, body limit, waiting-queue limit), client
+// /v1/models, /tokenize, /health and /metrics (Prometheus text), over
+// Boost.Beast on one Asio I/O thread, with request bodies parsed and
+// tokenized on a small worker pool and the engine driven by a loop thread of
+// its own. It owns HTTP, the OpenAI wire format, admission (Host/Origin, API
+// key before the body is read, connection limits and timeouts, a byte
+// budget, queue limits by requests and by prompt tokens), client
 // disconnects (the request is cancelled) and graceful shutdown on SIGTERM /
-// SIGINT. It does not own tokenization policy or chat templates: the caller
+// SIGINT (a second signal exits at once). It does not own tokenization policy or chat templates: the caller
 // passes a function that turns chat messages into prompt tokens, so this
 // layer includes only the engine's public header.
 #pragma once
@@ -33,6 +36,22 @@ struct ServerOptions {
   // Completions' `logprobs` at most (above kMaxTopLogprobs: prompt tokens only).
   int32_t max_logprobs = kMaxTopLogprobs;
   int64_t max_waiting = 1024;          // queued (not yet running) requests before 429
+  // Prompt tokens of queued requests before 429; 0: four times the KV
+  // cache's token capacity.
+  int64_t max_queued_tokens = 0;
+  // Bytes all requests together may hold (bodies while read and parsed,
+  // then prompt tokens, echo text and the room for their answers); beyond
+  // it a request gets 429 with Retry-After (413 when it alone is larger).
+  int64_t max_request_bytes = int64_t(1) << 30;
+  int64_t max_connections = 4096;         // open connections; over it the longest-idle one closes
+  int64_t max_connections_per_address = 512;
+  double header_timeout_seconds = 30;     // headers of a request (and keep-alive idle time)
+  double body_timeout_seconds = 30;       // a body, plus 1 s per 64 KiB of it
+  int workers = 2;                        // threads that parse and tokenize request bodies
+  int64_t max_worker_queue = 256;         // their queue, beyond which requests get 503
+  // Host / Origin allow-lists (admission.h): empty with a loopback bind
+  // means loopback names and origins only.
+  std::vector<std::string> allowed_hosts, allowed_origins;
   double shutdown_grace_seconds = 30;  // in-flight requests get this long after SIGTERM
   ChatRenderer render_chat;            // required for /v1/chat/completions
   // Called once the port is bound (tests and the CLI print the address).

@@ -9,6 +9,7 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
+#include <span>
 
 namespace kvant {
 namespace {
@@ -50,8 +51,10 @@ void MergeTable::add(int32_t left, int32_t right, uint32_t rank, int32_t result)
   slots_[i] = Slot{k, Merge{rank, result}};
 }
 
-void bpe_merge(const std::vector<int32_t>& ids, const MergeTable& merges, BpeScratch& s,
-               std::vector<int32_t>& out) {
+namespace {
+
+void merge_piece(std::span<const int32_t> ids, const MergeTable& merges, BpeScratch& s,
+                 std::vector<int32_t>& out) {
   const int32_t n = int32_t(ids.size());
   if (n <= 1) {
     out.insert(out.end(), ids.begin(), ids.end());
@@ -90,6 +93,15 @@ void bpe_merge(const std::vector<int32_t>& ids, const MergeTable& merges, BpeScr
     push(top.pos);
   }
   for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) out.push_back(sym[size_t(i)].id);
+}
+
+}  // namespace
+
+void bpe_merge(const std::vector<int32_t>& ids, const MergeTable& merges, BpeScratch& s,
+               std::vector<int32_t>& out) {
+  const std::span<const int32_t> all(ids);
+  for (size_t i = 0; i < all.size() || i == 0; i += kMaxBpeSymbols)
+    merge_piece(all.subspan(i, std::min(kMaxBpeSymbols, all.size() - i)), merges, s, out);
 }
 
 }  // namespace kvant

@@ -68,7 +68,12 @@ struct BpeScratch {
 };
 
 // Merges `ids` (the word's initial symbols) in place and appends the final
-// ids to `out`.
+// ids to `out`. A word of more than kMaxBpeSymbols symbols (no natural text
+// has one; a run of 32 MiB of letters is one) is merged in consecutive
+// pieces of that many, so scratch memory and time stay bounded whatever the
+// input; only such words can tokenize differently from an unbounded merge,
+// and only next to the cuts.
+inline constexpr size_t kMaxBpeSymbols = size_t(1) << 16;
 void bpe_merge(const std::vector<int32_t>& ids, const MergeTable& merges, BpeScratch& scratch,
                std::vector<int32_t>& out);
 

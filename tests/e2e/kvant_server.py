@@ -81,6 +81,9 @@ class Server:
             hdrs["Content-Type"] = "application/json"
         elif isinstance(body, str):
             body = body.encode()
+            hdrs["Content-Type"] = "application/json"
+        elif isinstance(body, bytes):
+            hdrs["Content-Type"] = "application/json"
         if body is not None:
             hdrs["Content-Length"] = str(len(body))
         hdrs.update(headers or {})

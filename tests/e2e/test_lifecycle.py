@@ -14,7 +14,7 @@ def open_stream(port, max_tokens=400, stream=True, prompt="Write a long story ab
     body = json.dumps({"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens,
                        "stream": stream, "ignore_eos": True, "temperature": 0.7}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return s
 

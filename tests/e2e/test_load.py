@@ -26,7 +26,7 @@ async def one_request(port, rng, chat):
         path = "/v1/completions"
     data = json.dumps(body).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     await writer.drain()
     raw = await reader.read()

@@ -1,0 +1,516 @@
+// Completions (/v1/chat/completions, /v1/completions) over the engine: the
+// body parsed, rendered and tokenized on the worker pool with size caps
+// checked before the expensive work; admission by request count, queued
+// prompt tokens and bytes held; the answer streamed or sent whole; the
+// client watched for the whole request. See http_internal.h for the threads.
+//
+// A request is cancelled when its client is gone: a read error or reset,
+// or a failed write. End of stream alone is a half-close, which HTTP allows
+// (the client may still read): the request goes on, and a heartbeat (an SSE
+// comment, or for a whole response its status line early and then JSON
+// whitespace) is written every second, so that a client that closed for
+// good is found at the next write rather than after max_tokens.
+#include <cstdio>
+#include <exception>
+
+#include "server/http_internal.h"
+
+namespace kvant::server {
+namespace {
+
+constexpr auto kHeartbeat = std::chrono::seconds(1);
+constexpr size_t kMaxBuffered = 64 * 1024;  // pipelined bytes kept while a request runs
+
+int64_t strings_bytes(const std::vector<std::string>& v) {
+  int64_t n = 0;
+  for (const auto& s : v) n += int64_t(s.size()) + 32;
+  return n;
+}
+
+}  // namespace
+
+std::string Server::new_id(Endpoint endpoint) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%s-%016llx", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl",
+                (unsigned long long)rng_());
+  return b;
+}
+
+// The prompt's token ids, checked against the vocabulary and the context;
+// the error otherwise. Text longer than any prompt that could fit is refused
+// before it is rendered or tokenized.
+std::optional<ApiError> Server::check_prompt(Endpoint endpoint, ParsedRequest& pr,
+                                             std::vector<int32_t>& ids) const {
+  const Tokenizer& tok = engine_.tokenizer();
+  const int64_t ctx = engine_.capacity().max_context;
+  auto too_long = [&](int64_t n, const char* unit) {
+    ApiError e = api_error(400,
+                           "this model's context holds " + std::to_string(ctx) +
+                               " tokens, but the prompt has " + std::to_string(n) + " " + unit +
+                               " (the prompt plus at least one generated token must fit)",
+                           "invalid_request_error", "context_length_exceeded");
+    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
+    return e;
+  };
+  if (endpoint == Endpoint::Chat) {
+    if (!opt_.render_chat)
+      return api_error(400, "this model has no chat template", "invalid_request_error");
+    int64_t bytes = 0;
+    for (const auto& [role, content] : pr.messages) bytes += int64_t(role.size() + content.size());
+    if (bytes > max_prompt_bytes_) return too_long(bytes, "bytes of text");
+    auto r = opt_.render_chat(pr.messages);
+    if (!r) return api_error(400, r.error().message, "invalid_request_error");
+    ids = std::move(*r);
+  } else if (pr.prompt_is_ids) {
+    ids = std::move(pr.prompt_ids);
+    for (int32_t t : ids)
+      if (t >= tok.vocab_size()) {
+        ApiError e =
+            api_error(400,
+                      "prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                          std::to_string(tok.vocab_size()) + ")",
+                      "invalid_request_error");
+        e.param = "prompt";
+        return e;
+      }
+  } else {
+    if (int64_t(pr.prompt.size()) > max_prompt_bytes_)
+      return too_long(int64_t(pr.prompt.size()), "bytes of text");
+    ids = tok.encode(pr.prompt, /*add_bos=*/true, /*parse_special=*/true);
+  }
+  if (ids.empty()) {
+    ApiError e = api_error(400, "the prompt is empty after tokenization", "invalid_request_error");
+    e.param = endpoint == Endpoint::Chat ? "messages" : "prompt";
+    return e;
+  }
+  if (int64_t(ids.size()) >= ctx) return too_long(int64_t(ids.size()), "tokens");
+  return std::nullopt;
+}
+
+// Runs on the worker pool: everything CPU-heavy about a request before it
+// is queued. The body is freed as soon as it is parsed; what the request
+// keeps afterwards is its tokens (and its prompt text when echoed).
+Prepared Server::prepare(Endpoint endpoint, std::string body) const {
+  Prepared p;
+  auto parsed = parse_request(endpoint, body, opt_.model_name, opt_.max_logprobs);
+  std::string().swap(body);
+  if (!parsed.request) {
+    p.error = parsed.error;
+    return p;
+  }
+  p.pr = std::move(*parsed.request);
+  if (auto e = check_prompt(endpoint, p.pr, p.ids)) {
+    p.error = std::move(e);
+    return p;
+  }
+  if (p.pr.echo) {
+    p.echo_ids = p.ids;
+    p.echo_text = p.pr.prompt_is_ids ? engine_.tokenizer().decode(p.echo_ids) : p.pr.prompt;
+  }
+  std::string().swap(p.pr.prompt);
+  ChatMessages().swap(p.pr.messages);
+  std::vector<int32_t>().swap(p.pr.prompt_ids);
+  std::string().swap(p.pr.user);
+  return p;
+}
+
+// What a queued and running request holds, at most: its tokens (the
+// engine's copies too), its echo, and the room its answer may take.
+int64_t Server::held_bytes(const Prepared& p) const {
+  const int64_t ctx = engine_.capacity().max_context;
+  const int64_t n = int64_t(p.ids.size());
+  int64_t gen = p.pr.prompt_only ? 0 : ctx - n;
+  if (p.pr.max_tokens > 0) gen = std::min<int64_t>(gen, p.pr.max_tokens);
+  const int64_t top = p.pr.logprobs ? std::max<int64_t>(p.pr.top_logprobs, 0) : -1;
+  const int64_t per_token = 16 + (top >= 0 ? 64 + 48 * top : 0);
+  int64_t bytes = 4096 + 12 * n + 4 * int64_t(p.echo_ids.size()) + int64_t(p.echo_text.size()) +
+                  gen * per_token + strings_bytes(p.pr.stop.stop);
+  if (p.pr.echo && top >= 0) bytes += n * (48 + 48 * top);
+  return bytes;
+}
+
+std::optional<ApiError> Server::admit(const Prepared& p, Reservation& held) {
+  if (queued_.load() >= opt_.max_waiting)
+    return api_error(429,
+                     "the server has " + std::to_string(queued_.load()) +
+                         " requests waiting, its limit; retry later",
+                     "rate_limit_error", "queue_full");
+  const int64_t n = int64_t(p.ids.size());
+  if (queued_tokens_.load() + n > opt_.max_queued_tokens && queued_.load() > 0)
+    return api_error(429,
+                     "the server has " + std::to_string(queued_tokens_.load()) +
+                         " prompt tokens waiting; this request's " + std::to_string(n) +
+                         " would pass its limit of " + std::to_string(opt_.max_queued_tokens) +
+                         "; retry later",
+                     "rate_limit_error", "queue_full");
+  const int64_t need = held_bytes(p);
+  if (need > budget_.limit())
+    return api_error(413,
+                     "this request would hold " + std::to_string(need) +
+                         " bytes (prompt, echo and the answer max_tokens allows), more than the "
+                         "server's request memory of " +
+                         std::to_string(budget_.limit()) + "; lower max_tokens",
+                     "invalid_request_error", "request_too_large");
+  if (!held.resize(need))
+    return api_error(429,
+                     "the server holds as many request bytes as it may (" +
+                         std::to_string(budget_.limit()) + "); retry later",
+                     "rate_limit_error", "memory_budget");
+  return std::nullopt;
+}
+
+void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e) {
+  // Engine thread: nothing may escape into the engine.
+  const auto now = Clock::now();
+  if (!gen->any_event) {
+    gen->any_event = true;
+    queued_.fetch_sub(1);
+    queued_tokens_.fetch_sub(gen->queued_tokens);
+  }
+  if (e.token >= 0) {
+    if (!gen->any_token)
+      metrics_.ttft.observe(std::chrono::duration<double>(now - gen->arrival).count());
+    else
+      metrics_.itl.observe(std::chrono::duration<double>(now - gen->last_token).count());
+    gen->any_token = true;
+    gen->last_token = now;
+  }
+  if (e.finish != FinishReason::None) {
+    metrics_.e2e.observe(std::chrono::duration<double>(now - gen->arrival).count());
+    metrics_.count_finish(std::string(finish_reason_name(e.finish)));
+    in_flight_.fetch_sub(1);
+  }
+  Event ev;
+  try {
+    ev.text.assign(e.text);
+    ev.token = e.token;
+    if (e.logprobs) {
+      ev.has_logprobs = true;
+      ev.logprobs = *e.logprobs;
+    }
+    if (e.prompt_logprobs)
+      ev.prompt_logprobs = std::make_shared<PromptLogprobs>(*e.prompt_logprobs);
+    ev.error.assign(e.error);
+  } catch (const std::exception& x) {
+    // Out of memory copying the event: the client learns the request failed.
+    ev = Event{};
+    ev.error = std::string("the server could not copy this request's output: ") + x.what();
+    ev.error_code = ErrorCode::kEngine;
+    ev.finish = FinishReason::Error;
+    if (e.finish == FinishReason::None) cancel_from_engine_thread(*gen);
+  }
+  if (ev.finish == FinishReason::None) ev.finish = e.finish;
+  if (ev.error_code == ErrorCode::kNone) ev.error_code = e.error_code;
+  ev.prompt_tokens = e.prompt_tokens;
+  ev.completion_tokens = e.completion_tokens;
+  ev.cached_tokens = e.cached_tokens;
+  if (ev.error_code == ErrorCode::kKvIntegrity)
+    std::fprintf(stderr, "kvant serve: request %llu: %s\n", (unsigned long long)gen->id,
+                 ev.error.c_str());
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lk(gen->mu);
+    was_empty = gen->events.empty();
+    gen->events.push_back(std::move(ev));
+  }
+  if (was_empty) asio::post(gen->io, [gen] { gen->timer.cancel(); });
+}
+
+void Server::cancel_from_engine_thread(Generation& gen) { engine_.cancel(gen.id); }
+
+void Server::cancel(Generation& gen) {
+  if (gen.cancelled || gen.finished) return;
+  gen.cancelled = true;
+  engine_.cancel(gen.id);
+  loop_.wake();
+}
+
+awaitable<void> Server::watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen) {
+  // Bytes the client sends meanwhile (a pipelined request, a stray CRLF)
+  // stay in the connection's buffer for the next request.
+  while (!gen->stop_watching && !gen->finished && conn->buf.size() < kMaxBuffered) {
+    beast::error_code ec;
+    const size_t n = co_await conn->stream.socket().async_read_some(
+        conn->buf.prepare(4096), asio::redirect_error(use_awaitable, ec));
+    conn->buf.commit(n);
+    if (gen->stop_watching || gen->finished || ec == asio::error::operation_aborted) break;
+    if (ec == asio::error::eof) {
+      conn->peer_closed = true;  // a half-close; heartbeats find out whether it is more
+      gen->timer.cancel();
+      break;
+    }
+    if (ec) {
+      gen->disconnected = true;
+      cancel(*gen);
+      break;
+    }
+  }
+  gen->watching = false;
+  gen->timer.cancel();
+}
+
+// Starts a chunked text/event-stream response; false when its header cannot be written.
+awaitable<bool> Server::write_sse_head(ConnPtr conn, const Request& req) {
+  http::response<http::empty_body> head{http::status::ok, req.version()};
+  head.set(http::field::server, "kvant");
+  head.set(http::field::content_type, "text/event-stream");
+  head.set(http::field::cache_control, "no-cache");
+  Headers cors;
+  cors_headers(req, cors);
+  for (auto& [k, v] : cors) head.set(k, v);
+  head.keep_alive(false);
+  head.chunked(true);
+  http::response_serializer<http::empty_body> sr(head);
+  beast::error_code ec;
+  conn->stream.expires_after(std::chrono::seconds(60));
+  co_await http::async_write_header(conn->stream, sr, asio::redirect_error(use_awaitable, ec));
+  conn->stream.expires_never();
+  metrics_.count_http(200);
+  co_return !ec;
+}
+
+awaitable<bool> Server::generate(ConnPtr conn, Request& req, Endpoint endpoint,
+                                 Reservation body) {
+  if (draining_)
+    co_return co_await send_error(
+        conn, req, api_error(503, "the server is shutting down", "server_error", "shutting_down"),
+        false);
+  if (loop_.failed())
+    co_return co_await send_error(
+        conn, req,
+        api_error(503, "the engine failed; see /health", "server_error", "engine_failed"), false);
+  if (queued_.load() >= opt_.max_waiting)
+    co_return co_await send_error(conn, req,
+                                  api_error(429,
+                                            "the server has " + std::to_string(queued_.load()) +
+                                                " requests waiting, its limit; retry later",
+                                            "rate_limit_error", "queue_full"),
+                                  true, header("Retry-After", "1"));
+  if (!take_worker_slot())
+    co_return co_await send_error(conn, req,
+                                  api_error(503, "the server is busy; retry later", "server_error",
+                                            "server_busy"),
+                                  true, header("Retry-After", "1"));
+  Prepared p;
+  std::exception_ptr failure;
+  // Named, not a temporary inside co_await (GCC 12 destroys such
+  // temporaries twice).
+  auto job = [this, endpoint, text = std::move(req.body())]() mutable {
+    return prepare(endpoint, std::move(text));
+  };
+  try {
+    p = co_await offload(std::move(job));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  give_worker_slot();
+  body.reset();  // the body is gone (freed by the worker)
+  if (failure) std::rethrow_exception(failure);
+  if (p.error) co_return co_await send_error(conn, req, *p.error);
+  Reservation held(&budget_);
+  if (auto e = admit(p, held)) {
+    Headers h;
+    if (e->status == 429) h = header("Retry-After", "1");
+    co_return co_await send_error(conn, req, *e, true, std::move(h));
+  }
+  co_return co_await run_generation(conn, req, endpoint, std::move(p), std::move(held));
+}
+
+// Submits a prepared request and answers it: streamed as SSE events or
+// whole. The request ends with this coroutine whatever happens (an
+// unfinished one is cancelled) and leaves the active table only after its
+// last byte is written, which is what the drain waits for.
+awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
+                                       Reservation held) {
+  const ParsedRequest& pr = p.pr;
+  const Tokenizer& tok = engine_.tokenizer();
+  auto gen = std::make_shared<Generation>(io_);
+  gen->arrival = Clock::now();
+  gen->queued_tokens = int64_t(p.ids.size());
+  kvant::Request er = engine_request(pr, std::move(p.ids));
+  er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
+  queued_.fetch_add(1);
+  in_flight_.fetch_add(1);
+  queued_tokens_.fetch_add(gen->queued_tokens);
+  auto id = engine_.submit(std::move(er));
+  if (!id) {
+    queued_.fetch_sub(1);
+    in_flight_.fetch_sub(1);
+    queued_tokens_.fetch_sub(gen->queued_tokens);
+    co_return co_await send_error(conn, req,
+                                  api_error(400, id.error().message, "invalid_request_error"));
+  }
+  gen->id = *id;
+  active_.insert(gen);
+  loop_.wake();
+  struct Release {
+    Server* s;
+    std::shared_ptr<Generation> g;
+    ~Release() {
+      s->cancel(*g);
+      s->active_.erase(g);
+    }
+  } release{this, gen};
+  gen->watching = true;
+  asio::co_spawn(io_, watch_disconnect(conn, gen), asio::detached);
+
+  ResponseMeta meta{new_id(endpoint),
+                    std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count(),
+                    opt_.model_name};
+  std::string text, finish, error, error_code;
+  std::vector<TokenLogprobText> lps;
+  Usage usage;
+  bool first_chunk = true, write_failed = false, echoed = false, early_head = false;
+  int64_t text_offset = 0;
+  auto last_write = Clock::now();
+  auto fail_write = [&] {
+    write_failed = true;
+    gen->disconnected = true;
+    cancel(*gen);
+  };
+  // Bytes as they are (stream: an already framed chunk; whole: body bytes
+  // after an early head).
+  auto write_bytes = [&](std::string data, bool chunk) -> awaitable<void> {
+    if (write_failed) co_return;
+    beast::error_code ec;
+    conn->stream.expires_after(std::chrono::seconds(60));
+    if (chunk)
+      co_await asio::async_write(conn->stream, http::make_chunk(asio::buffer(data)),
+                                 asio::redirect_error(use_awaitable, ec));
+    else
+      co_await asio::async_write(conn->stream, asio::buffer(data),
+                                 asio::redirect_error(use_awaitable, ec));
+    conn->stream.expires_never();
+    last_write = Clock::now();
+    if (ec) fail_write();
+  };
+  if (pr.stream && !co_await write_sse_head(conn, req)) fail_write();
+
+  while (!gen->finished) {
+    std::deque<Event> batch;
+    {
+      std::lock_guard<std::mutex> lk(gen->mu);
+      batch.swap(gen->events);
+    }
+    if (batch.empty()) {
+      beast::error_code ec;
+      if (conn->peer_closed && !write_failed) {
+        if (Clock::now() - last_write >= kHeartbeat) {
+          if (pr.stream) {
+            co_await write_bytes(": keep-alive\n\n", true);
+          } else {
+            if (!early_head) {
+              early_head = true;
+              if (!co_await write_early_head(conn, req)) fail_write();
+            }
+            co_await write_bytes(" ", false);
+          }
+          continue;
+        }
+        gen->timer.expires_at(last_write + kHeartbeat);
+      } else {
+        gen->timer.expires_at(Clock::time_point::max());
+      }
+      co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    std::string delta;
+    std::vector<TokenLogprobText> delta_lps;
+    if (pr.echo && !echoed) {
+      // The prompt first: its text, and its tokens' logprobs (none for the
+      // first token and those before prompt_logprobs_from, or when the
+      // request failed before its prompt was computed).
+      echoed = true;
+      delta = std::move(p.echo_text);
+      if (pr.logprobs) {
+        std::shared_ptr<const PromptLogprobs> plp;
+        for (const Event& ev : batch)
+          if (ev.prompt_logprobs) plp = ev.prompt_logprobs;
+        auto job = [&] { return echo_logprobs(tok, pr.tokens_as_ids, p.echo_ids, plp.get()); };
+        delta_lps = co_await offload(std::move(job));
+      }
+    }
+    for (Event& ev : batch) {
+      delta += ev.text;
+      if (pr.logprobs && ev.has_logprobs)
+        delta_lps.push_back(token_logprob_text(tok, pr.tokens_as_ids, ev.logprobs));
+      usage.prompt_tokens = ev.prompt_tokens;
+      usage.completion_tokens = ev.completion_tokens;
+      usage.cached_tokens = ev.cached_tokens;
+      if (ev.finish != FinishReason::None) {
+        gen->finished = true;
+        finish = std::string(finish_reason_name(ev.finish));
+        if (ev.finish == FinishReason::Error) {
+          error = client_error_text(ev.error_code, ev.error);
+          error_code = client_error_code(ev.error_code);
+        }
+      }
+    }
+    if (pr.stream && !write_failed) {
+      if (!delta.empty() || !delta_lps.empty() || first_chunk || gen->finished) {
+        std::string out = sse_events(endpoint, meta, pr, first_chunk, delta, delta_lps, text_offset,
+                                     gen->finished, finish, error, error_code, usage);
+        first_chunk = false;
+        co_await write_bytes(std::move(out), true);
+      }
+    } else if (!pr.stream) {
+      text += delta;
+      for (auto& t : delta_lps) lps.push_back(std::move(t));
+    }
+  }
+  // The watcher ends before the connection reads its next request.
+  gen->stop_watching = true;
+  beast::error_code ec;
+  conn->stream.socket().cancel(ec);
+  while (gen->watching) {
+    gen->timer.expires_at(Clock::time_point::max());
+    co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+  if (gen->disconnected || write_failed) co_return false;
+  if (pr.stream) {
+    conn->stream.expires_after(std::chrono::seconds(60));
+    co_await asio::async_write(conn->stream, http::make_chunk_last(),
+                               asio::redirect_error(use_awaitable, ec));
+    conn->stream.expires_never();
+    co_return false;
+  }
+  auto render = [&] {
+    return dump_json(full_response(endpoint, meta, text, pr.logprobs ? &lps : nullptr, finish,
+                                   error, usage, error_code));
+  };
+  std::string out;
+  if (pr.logprobs || pr.echo)
+    out = co_await offload(render);
+  else
+    out = render();
+  held.reset();
+  if (early_head) {
+    co_await write_bytes(std::move(out), false);
+    co_return false;
+  }
+  co_return co_await send(conn, req, http::status::ok, std::move(out), "application/json", true);
+}
+
+// The status line and headers of a whole response, sent before its body is
+// known (to a client that half-closed): no length, the body ends when the
+// connection closes, and JSON whitespace keeps it alive until then.
+awaitable<bool> Server::write_early_head(ConnPtr conn, const Request& req) {
+  http::response<http::empty_body> head{http::status::ok, req.version()};
+  head.set(http::field::server, "kvant");
+  head.set(http::field::content_type, "application/json");
+  Headers cors;
+  cors_headers(req, cors);
+  for (auto& [k, v] : cors) head.set(k, v);
+  head.keep_alive(false);
+  http::response_serializer<http::empty_body> sr(head);
+  beast::error_code ec;
+  conn->stream.expires_after(std::chrono::seconds(60));
+  co_await http::async_write_header(conn->stream, sr, asio::redirect_error(use_awaitable, ec));
+  conn->stream.expires_never();
+  metrics_.count_http(200);
+  co_return !ec;
+}
+
+}  // namespace kvant::server

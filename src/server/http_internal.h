@@ -1,0 +1,210 @@
+// The HTTP transport's internals, shared by http_server.cpp (connections,
+// admission, routing, shutdown) and generate.cpp (completions: preparing a
+// request on the worker pool, submitting it, streaming its answer, watching
+// its client). Not a public header.
+//
+// Threads: the I/O thread owns every socket, every Connection and every
+// Generation's connection-side fields. The worker pool parses, renders and
+// tokenizes request bodies (Server::offload), so the I/O thread only moves
+// bytes. The engine loop thread runs the request callbacks, which copy each
+// event into the Generation's queue under its mutex and post a wake-up to
+// the I/O thread. A session waits for events on a steady_timer that the
+// posted handler cancels; it always looks at the queue before waiting, so a
+// wake-up that arrives while it is busy writing is not lost.
+#pragma once
+
+// clang-format off
+#include <utility>  // before Asio: its awaitable.hpp uses std::exchange
+#include <boost/asio.hpp>
+// clang-format on
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <unordered_set>
+
+#include "server/admission.h"
+#include "server/engine_loop.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/responses.h"
+#include "server/server.h"
+
+namespace kvant::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+using asio::use_awaitable;
+using Clock = std::chrono::steady_clock;
+
+// One event from the engine, copied off the engine thread.
+struct Event {
+  std::string text;
+  int32_t token = -1;
+  bool has_logprobs = false;
+  StepLogprobs logprobs;
+  std::shared_ptr<const PromptLogprobs> prompt_logprobs;  // with the first event, when asked
+  FinishReason finish = FinishReason::None;
+  std::string error;
+  ErrorCode error_code = ErrorCode::kNone;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// A request between the engine thread and its connection.
+struct Generation {
+  explicit Generation(asio::io_context& io) : io(io), timer(io) {}
+  asio::io_context& io;
+  RequestId id = 0;
+  // Shared with the engine thread.
+  std::mutex mu;
+  std::deque<Event> events;
+  // I/O thread only.
+  asio::steady_timer timer;
+  bool finished = false;      // the final event was taken from the queue
+  bool disconnected = false;  // the client went away
+  bool cancelled = false;
+  bool watching = false;      // the disconnect watcher is running
+  bool stop_watching = false;
+  // Engine thread only.
+  Clock::time_point arrival, last_token;
+  bool any_event = false, any_token = false;
+  int64_t queued_tokens = 0;  // counted in Server::queued_tokens_ until its first event
+};
+
+struct Connection {
+  Connection(tcp::socket s, std::string addr) : stream(std::move(s)), address(std::move(addr)) {}
+  beast::tcp_stream stream;
+  beast::flat_buffer buf;
+  std::string address;
+  bool idle = true;         // waiting for a request's headers
+  Clock::time_point idle_since = Clock::now();
+  bool peer_closed = false;  // the client half-closed its side
+  bool evicted = false;      // closed to make room under the connection limit
+};
+using ConnPtr = std::shared_ptr<Connection>;
+using Request = http::request<http::string_body>;
+using Parser = http::request_parser<http::string_body>;
+
+// A prepared completion request: parsed, rendered, tokenized and checked
+// (on the worker pool), or the error to answer.
+struct Prepared {
+  std::optional<ApiError> error;
+  ParsedRequest pr;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> echo_ids;
+  std::string echo_text;
+};
+
+class Server {
+ public:
+  Server(Engine& engine, const ServerOptions& options);
+  ~Server();
+  int run();
+
+ private:
+  // http_server.cpp
+  awaitable<void> accept_loop();
+  void start_session(tcp::socket socket);
+  awaitable<void> refuse(tcp::socket socket, ApiError e);
+  awaitable<void> session(ConnPtr conn);
+  // Reads the body and answers one request; false: close the connection.
+  awaitable<bool> serve_one(ConnPtr conn, Parser& parser);
+  // Checks a request's headers before its body is read; the error, if any.
+  std::optional<ApiError> check_headers(const Parser& parser, bool& is_preflight);
+  awaitable<bool> handle(ConnPtr conn, Request& req, Reservation body);
+  awaitable<bool> send(ConnPtr conn, const Request& req, http::status status, std::string body,
+                       const char* content_type, bool keep_alive, Headers headers = {});
+  awaitable<bool> send_error(ConnPtr conn, const Request& req, ApiError e, bool keep_alive = true,
+                             Headers headers = {});
+  awaitable<bool> tokenize(ConnPtr conn, Request& req, Reservation body);
+  void evict_idle();
+  void begin_shutdown();
+  void arm_signals();
+  awaitable<void> supervise();
+  std::string health_body() const;
+  void cors_headers(const Request& req, Headers& h) const;
+
+  // generate.cpp
+  awaitable<bool> generate(ConnPtr conn, Request& req, Endpoint endpoint, Reservation body);
+  Prepared prepare(Endpoint endpoint, std::string body) const;
+  std::optional<ApiError> check_prompt(Endpoint endpoint, ParsedRequest& pr,
+                                       std::vector<int32_t>& ids) const;
+  std::optional<ApiError> admit(const Prepared& p, Reservation& held);
+  int64_t held_bytes(const Prepared& p) const;
+  awaitable<bool> run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
+                                 Reservation held);
+  awaitable<bool> write_sse_head(ConnPtr conn, const Request& req);
+  awaitable<bool> write_early_head(ConnPtr conn, const Request& req);
+  awaitable<void> watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen);
+  void on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e);
+  void cancel(Generation& gen);                     // I/O thread
+  void cancel_from_engine_thread(Generation& gen);  // engine thread
+  std::string new_id(Endpoint endpoint);
+
+  // Runs f() on the worker pool and resumes on the I/O thread with its
+  // result (an exception from f is rethrown here). The worker hands the
+  // result over by posting to the I/O context, so the coroutine never runs
+  // on a worker thread.
+  template <class F>
+  awaitable<std::invoke_result_t<F>> offload(F f) {
+    using R = std::invoke_result_t<F>;
+    std::optional<R> result;
+    std::exception_ptr error;
+    asio::steady_timer done(io_, Clock::time_point::max());
+    bool finished = false;
+    asio::post(workers_, [&] {
+      try {
+        result.emplace(f());
+      } catch (...) {
+        error = std::current_exception();
+      }
+      asio::post(io_, [&] {
+        finished = true;
+        done.cancel();
+      });
+    });
+    while (!finished) {
+      beast::error_code ec;
+      co_await done.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
+    if (error) std::rethrow_exception(error);
+    co_return std::move(*result);
+  }
+  // A worker-pool slot (false: the queue is full; answer 503).
+  bool take_worker_slot();
+  void give_worker_slot() { worker_jobs_.fetch_sub(1); }
+  ServerGauges gauges() const;
+
+  // Declared before io_: the coroutine frames io_ destroys at the end
+  // release into these (reservations, the active table, the engine loop).
+  Engine& engine_;
+  ServerOptions opt_;
+  Metrics metrics_;
+  EngineLoop loop_;
+  ByteBudget budget_;
+  ConnectionLimits limits_;
+  OriginPolicy origins_;
+  int64_t max_prompt_bytes_ = 0;  // longest prompt text that could fit the context
+  std::atomic<int64_t> queued_{0}, in_flight_{0}, queued_tokens_{0}, worker_jobs_{0};
+  std::unordered_set<std::shared_ptr<Generation>> active_;  // I/O thread
+  std::unordered_set<Connection*> conns_;                   // I/O thread
+  int64_t responding_ = 0;  // requests read and not yet fully answered (I/O thread)
+  bool draining_ = false;
+  Clock::time_point drain_start_;
+  bool drain_cancelled_ = false;
+  int rc_ = 0;
+  std::mt19937_64 rng_{std::random_device{}()};
+  asio::io_context io_{1};
+  asio::thread_pool workers_;
+  tcp::acceptor acceptor_;
+  asio::signal_set signals_;
+};
+
+}  // namespace kvant::server
