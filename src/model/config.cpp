@@ -10,21 +10,9 @@
 
 #include "io/gguf.h"
 #include "model/archs/hf_config.h"
+#include "model/archs/registry.h"
 
 namespace kvant {
-
-const char* arch_name(Arch a) {
-  switch (a) {
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
-    case Arch::Qwen3: return "qwen3";
-    case Arch::Gemma3: return "gemma3";
-    case Arch::Glm4Moe: return "glm4_moe";
-    case Arch::DeepseekV3: return "deepseek_v3";
-    case Arch::GlmMoeDsa: return "glm_moe_dsa";
-  }
-  return "?";
-}
 
 Result<void> ModelConfig::validate() const {
   auto bad = [&](const std::string& what) {
@@ -55,6 +43,13 @@ Result<int64_t> need_int(const GgufFile& g, const std::string& key) {
   return *v;
 }
 
+// The family's switches that hold whatever the file says.
+void apply_flags(ModelConfig& c) {
+  c.qkv_bias = c.arch->qkv_bias;
+  c.qk_norm = c.arch->qk_norm;
+  c.post_norms = c.arch->post_norms;
+}
+
 void finish_common(ModelConfig& c) {
   if (c.attn_scale == 0.f) c.attn_scale = 1.f / std::sqrt(float(c.head_dim));
   if (c.sliding.empty()) c.sliding.assign(size_t(c.layers), 0);
@@ -69,11 +64,10 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   if (!arch) return make_error(g.path() + ": missing metadata general.architecture");
   c.arch_name = *arch;
   const std::string a = *arch;
-  if (a == "llama") c.arch = Arch::Llama;
-  else if (a == "qwen2") c.arch = Arch::Qwen2;
-  else if (a == "qwen3") c.arch = Arch::Qwen3;
-  else if (a == "gemma3") c.arch = Arch::Gemma3;
-  else return make_error(g.path() + ": unsupported architecture '" + a + "' (kvant runs llama, qwen2, qwen3, gemma3)");
+  c.arch = archs::arch_from_gguf(a);
+  if (!c.arch)
+    return make_error(g.path() + ": unsupported architecture '" + a + "' (kvant runs " +
+                      archs::gguf_arch_list() + ")");
 
   auto get = [&](const std::string& k) { return need_int(g, a + "." + k); };
   auto r_hidden = get("embedding_length"); if (!r_hidden) return r_hidden.error();
@@ -103,31 +97,8 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g) {
   // Llama 3 scaling arrives baked into a rope_freqs tensor; the loader applies it.
   c.rope_local = c.rope;
 
-  switch (c.arch) {
-    case Arch::Llama: break;
-    case Arch::Qwen2: c.qkv_bias = true; break;
-    case Arch::Qwen3: c.qk_norm = true; break;
-    case Arch::Glm4Moe:
-    case Arch::DeepseekV3:
-    case Arch::GlmMoeDsa: break;  // not read from GGUF
-    case Arch::Gemma3: {
-      c.qk_norm = true;
-      c.post_norms = true;
-      c.act = Activation::GeluTanh;
-      c.embed_scale = std::sqrt(float(c.hidden));
-      c.sliding_window = g.get_int(a + ".attention.sliding_window").value_or(0);
-      c.rope_local = RopeConfig{};
-      c.rope_local.theta = 10000.f;
-      // Gemma 3 GGUFs carry no layer-type list: every sixth layer is global.
-      c.sliding.resize(size_t(c.layers));
-      for (int64_t i = 0; i < c.layers; ++i) c.sliding[size_t(i)] = (i + 1) % 6 != 0;
-      // query_pre_attn_scalar equals head_dim for the released Gemma 3 sizes.
-      c.attn_scale = 1.f / std::sqrt(float(c.head_dim));
-      c.final_softcap = float(g.get_number(a + ".final_logit_softcapping").value_or(0.0));
-      c.attn_softcap = float(g.get_number(a + ".attn_logit_softcapping").value_or(0.0));
-      break;
-    }
-  }
+  apply_flags(c);
+  if (c.arch->from_gguf) c.arch->from_gguf(g, a, c);
   finish_common(c);
   KV_TRY(c.validate());
   return c;
@@ -152,14 +123,10 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& p
                           ? j["architectures"][0].get<std::string>()
                           : j.value("model_type", std::string());
   c.arch_name = arch_str;
-  if (arch_str == "LlamaForCausalLM" || arch_str == "MistralForCausalLM") c.arch = Arch::Llama;
-  else if (arch_str == "Qwen2ForCausalLM") c.arch = Arch::Qwen2;
-  else if (arch_str == "Qwen3ForCausalLM" || arch_str == "Qwen3MoeForCausalLM") c.arch = Arch::Qwen3;
-  else if (arch_str == "Gemma3ForCausalLM") c.arch = Arch::Gemma3;
-  else if (arch_str == "Glm4MoeForCausalLM") c.arch = Arch::Glm4Moe;
-  else if (arch_str == "DeepseekV3ForCausalLM") c.arch = Arch::DeepseekV3;
-  else if (arch_str == "GlmMoeDsaForCausalLM") c.arch = Arch::GlmMoeDsa;
-  else return make_error(path + ": unsupported architecture '" + arch_str + "'");
+  c.arch = archs::arch_from_hf(arch_str);
+  if (!c.arch)
+    return make_error(path + ": unsupported architecture '" + arch_str + "' (kvant runs " +
+                      archs::hf_arch_list() + ")");
 
   try {
     c.vocab = j.at("vocab_size");
@@ -175,7 +142,7 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& p
                                                                   : c.hidden / c.heads;
   c.max_positions = j.value("max_position_embeddings", int64_t(4096));
   c.rms_eps = j.value("rms_norm_eps", 1e-6f);
-  c.tie_embeddings = j.value("tie_word_embeddings", c.arch == Arch::Gemma3);
+  c.tie_embeddings = j.value("tie_word_embeddings", c.arch->hf_tie_default);
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number()) c.bos_id = j["bos_token_id"];
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number()) c.eos_id = j["eos_token_id"];
   float theta = j.value("rope_theta", 10000.f);
@@ -186,21 +153,12 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& p
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
     for (auto& [k, v] : j["rope_scaling"].items()) rp[k] = v;
 
-  if (c.arch == Arch::Gemma3) {
-    KV_TRY(archs::gemma3_from_hf(j, rp, theta, c));
-  } else {
-    c.rope = archs::rope_from_json(rp, theta);
-    c.rope_local = c.rope;
-    if (c.arch == Arch::Qwen2) c.qkv_bias = true;
-    if (c.arch == Arch::Llama) c.qkv_bias = j.value("attention_bias", false);
-    if (c.arch == Arch::Qwen3) {
-      c.qk_norm = true;
-      c.qkv_bias = j.value("attention_bias", false);
-    }
-    if (c.arch == Arch::DeepseekV3 || c.arch == Arch::GlmMoeDsa)
-      KV_TRY(archs::mla_from_hf(j, path, c));
-    if (c.arch == Arch::Glm4Moe) KV_TRY(archs::glm4_moe_from_hf(j, rp, path, c));
-    if (arch_str == "Qwen3MoeForCausalLM") KV_TRY(archs::qwen3_moe_from_hf(j, path, c));
+  c.rope = archs::rope_from_json(rp, theta);
+  c.rope_local = c.rope;
+  apply_flags(c);
+  if (c.arch->from_hf) KV_TRY(c.arch->from_hf(archs::HfInput{j, rp, theta, path}, c));
+  // A family that sets no activation of its own runs SiLU.
+  if (c.act == Activation::Silu) {
     std::string act = j.value("hidden_act", std::string("silu"));
     if (act != "silu") return make_error(path + ": unsupported hidden_act '" + act + "'");
   }

@@ -12,8 +12,11 @@
 
 namespace kvant {
 class GgufFile;
+namespace archs {
+struct ArchSpec;  // model/archs/arch.h
+extern const ArchSpec kLlama;
+}  // namespace archs
 
-enum class Arch { Llama, Qwen2, Qwen3, Gemma3, Glm4Moe, DeepseekV3, GlmMoeDsa };
 enum class Activation { Silu, GeluTanh };
 enum class RopeScaling { None, Linear, Llama3, Yarn };
 
@@ -34,7 +37,8 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  Arch arch = Arch::Llama;
+  // The family (model/archs/arch.h): its names, quirks and tensor names.
+  const archs::ArchSpec* arch = &archs::kLlama;
   std::string arch_name;  // as the file names it ("llama", "LlamaForCausalLM", ...)
   int64_t vocab = 0;
   int64_t hidden = 0;
@@ -112,6 +116,5 @@ Result<ModelConfig> config_from_gguf(const GgufFile& g);
 Result<ModelConfig> config_from_hf_json(const std::string& config_json_path);
 // The same from a parsed config.json (`path` names it in errors).
 Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& path);
-const char* arch_name(Arch a);
 
 }  // namespace kvant

@@ -8,13 +8,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
 
 namespace kvant {
-namespace {
 
-// Shortest decimal that reads back as the same float, so 1e-5f is written
-// as 1e-05 rather than 9.999999747378752e-06.
 double short_float(float f) {
   char buf[32];
   for (int p = 6; p <= 9; ++p) {
@@ -23,6 +21,8 @@ double short_float(float f) {
   }
   return std::strtod(buf, nullptr);
 }
+
+namespace {
 
 nlohmann::json rope_json(const RopeConfig& r) {
   if (r.scaling == RopeScaling::Linear) return {{"rope_type", "linear"}, {"factor", short_float(r.factor)}};
@@ -38,15 +38,15 @@ nlohmann::json rope_json(const RopeConfig& r) {
 }  // namespace
 
 Result<GgufToHf> gguf_to_hf(const std::string& n, const ModelConfig& c) {
-  const float norm_add = c.arch == Arch::Gemma3 ? -1.f : 0.f;
+  const float norm_add = c.arch->hf_norm_plus_one ? -1.f : 0.f;
   if (const auto r = archs::tensor_role(archs::Naming::Gguf, n)) {
     const std::string hf = r->layer < 0 ? archs::global_tensor(archs::Naming::Hf, r->role)
-                                        : archs::layer_tensor(archs::Naming::Hf, c.arch, r->layer, r->role);
+                                        : archs::layer_tensor(archs::Naming::Hf, *c.arch, r->layer, r->role);
     if (!hf.empty()) {
       GgufToHf m{hf, 0, archs::role_is_norm(r->role) ? norm_add : 0.f};
       // GGUF Llama files store q/k rows permuted for interleaved RoPE.
-      if (c.arch == Arch::Llama && r->role == "wq") m.unpermute_heads = c.heads;
-      if (c.arch == Arch::Llama && r->role == "wk") m.unpermute_heads = c.kv_heads;
+      if (c.arch->gguf_qk_permuted && r->role == "wq") m.unpermute_heads = c.heads;
+      if (c.arch->gguf_qk_permuted && r->role == "wk") m.unpermute_heads = c.kv_heads;
       return m;
     }
   }
@@ -72,20 +72,8 @@ void unpermute_gguf_qk_rows(float* v, int64_t heads, int64_t hd, int64_t cols) {
 
 nlohmann::json hf_config_json(const ModelConfig& c) {
   nlohmann::ordered_json j;
-  const bool gemma = c.arch == Arch::Gemma3;
-  const char* archs = "LlamaForCausalLM";
-  const char* type = "llama";
-  switch (c.arch) {
-    case Arch::Llama: break;
-    case Arch::Qwen2: archs = "Qwen2ForCausalLM"; type = "qwen2"; break;
-    case Arch::Qwen3: archs = "Qwen3ForCausalLM"; type = "qwen3"; break;
-    case Arch::Gemma3: archs = "Gemma3ForCausalLM"; type = "gemma3_text"; break;
-    case Arch::Glm4Moe: archs = "Glm4MoeForCausalLM"; type = "glm4_moe"; break;
-    case Arch::DeepseekV3: archs = "DeepseekV3ForCausalLM"; type = "deepseek_v3"; break;
-    case Arch::GlmMoeDsa: archs = "GlmMoeDsaForCausalLM"; type = "glm_moe_dsa"; break;
-  }
-  j["architectures"] = {archs};
-  j["model_type"] = type;
+  j["architectures"] = {c.arch->hf_class};
+  j["model_type"] = c.arch->hf_model_type;
   j["vocab_size"] = c.vocab;
   j["hidden_size"] = c.hidden;
   j["intermediate_size"] = c.ffn;
@@ -101,17 +89,8 @@ nlohmann::json hf_config_json(const ModelConfig& c) {
   if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
   if (c.eos_id >= 0) j["eos_token_id"] = c.eos_id;
   j["torch_dtype"] = "bfloat16";
-  if (gemma) {
-    j["hidden_activation"] = "gelu_pytorch_tanh";
-    j["hidden_act"] = "gelu_pytorch_tanh";
-    j["query_pre_attn_scalar"] = short_float(1.f / (c.attn_scale * c.attn_scale));
-    j["sliding_window"] = c.sliding_window;
-    j["rope_local_base_freq"] = short_float(c.rope_local.theta);
-    std::vector<std::string> types;
-    for (auto s : c.sliding) types.push_back(s ? "sliding_attention" : "full_attention");
-    j["layer_types"] = types;
-    j["final_logit_softcapping"] = c.final_softcap > 0 ? nlohmann::json(short_float(c.final_softcap)) : nlohmann::json();
-    j["attn_logit_softcapping"] = c.attn_softcap > 0 ? nlohmann::json(short_float(c.attn_softcap)) : nlohmann::json();
+  if (c.arch->to_hf) {
+    c.arch->to_hf(c, j);
   } else {
     j["hidden_act"] = "silu";
     j["attention_bias"] = c.qkv_bias;

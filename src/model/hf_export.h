@@ -27,8 +27,13 @@ Result<GgufToHf> gguf_to_hf(const std::string& gguf_name, const ModelConfig& c);
 // Undoes the permutation in place: v is [heads * head_dim, cols] row-major.
 void unpermute_gguf_qk_rows(float* v, int64_t heads, int64_t head_dim, int64_t cols);
 
-// config.json for `c` (architectures, model_type, sizes, RoPE, Gemma's
-// sliding window and layer types, ids), with torch_dtype bfloat16.
+// config.json for `c` (architectures, model_type, sizes, RoPE, the family's
+// own fields such as Gemma's sliding window and layer types, ids), with
+// torch_dtype bfloat16.
 nlohmann::json hf_config_json(const ModelConfig& c);
+
+// Shortest decimal that reads back as the same float, so 1e-5f is written
+// as 1e-05 rather than 9.999999747378752e-06.
+double short_float(float f);
 
 }  // namespace kvant

@@ -1,12 +1,14 @@
 // Name mapping and load-time transforms:
-//  - GGUF Llama files store q/k rows permuted for interleaved RoPE; we undo it
-//    so every architecture uses the half-split (NeoX) rotation.
+//  - GGUF Llama files store q/k rows permuted for interleaved RoPE (the
+//    family's gguf_qk_permuted); we undo it so every architecture uses the
+//    half-split (NeoX) rotation.
 //  - INT4 (compressed-tensors) linears load as Q4 P16 matrices; a BF16 set
 //    from an INT4 checkpoint dequantizes them, an INT4 set from a BF16 one
 //    quantizes at load (RTN). Parts of a fused product (q|k|v, gate|up) are
 //    concatenated by rows either way.
-//  - Hugging Face Gemma norms hold w with the forward computing x*(1+w); GGUF
-//    files already store 1+w. We store 1+w, so the forward is x*w for all.
+//  - Hugging Face Gemma norms hold w with the forward computing x*(1+w) (the
+//    family's hf_norm_plus_one); GGUF files already store 1+w. We store 1+w,
+//    so the forward is x*w for all.
 #include "model/loader.h"
 
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include "io/gguf.h"
 #include "io/model_files.h"
 #include "io/tensor_source.h"
+#include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
 #include "numerics/bf16.h"
 #include "numerics/int4_rtn.h"
@@ -32,10 +35,10 @@ using archs::Naming;
 // Tensor names by role, from the shared table (model/archs/tensor_names.h).
 struct Names {
   Naming naming;
-  Arch arch;
+  const archs::ArchSpec* arch;
   std::string global(const char* role) const { return archs::global_tensor(naming, role); }
   std::string layer(int64_t i, const std::string& role) const {
-    return archs::layer_tensor(naming, arch, i, role);
+    return archs::layer_tensor(naming, *arch, i, role);
   }
 };
 
@@ -264,7 +267,7 @@ class Loader {
   Result<ModelWeights> load() {
     ModelWeights w;
     const auto& c = cfg_;
-    const float norm_add = (names_.naming == Naming::Hf && c.arch == Arch::Gemma3) ? 1.f : 0.f;
+    const float norm_add = (names_.naming == Naming::Hf && c.arch->hf_norm_plus_one) ? 1.f : 0.f;
     auto norm = [&](const std::string& name, int64_t n) -> Result<std::vector<float>> {
       auto v = f32(name, {n});
       if (!v) return v.error();
@@ -293,7 +296,7 @@ class Loader {
       if (!rf) return rf.error();
       w.rope_freq_factors = std::move(*rf);
     }
-    const bool unpermute = names_.naming == Naming::Gguf && c.arch == Arch::Llama;
+    const bool unpermute = names_.naming == Naming::Gguf && c.arch->gguf_qk_permuted;
     for (int64_t i = 0; i < c.layers; ++i) {
       LayerWeights L;
       auto N = [&](const char* role) { return names_.layer(i, role); };

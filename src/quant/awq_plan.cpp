@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
 #include "model/seq_kv.h"
 
@@ -65,7 +66,7 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
   model.set_observer({});
 
   AwqPlan plan;
-  plan.norm_plus_one = c.arch == Arch::Gemma3;
+  plan.norm_plus_one = c.arch->hf_norm_plus_one;
   const ModelWeights& W = model.weights();
   auto matrix_f32 = [](const Matrix& m) {
     std::vector<float> v(size_t(m.rows * m.cols));
@@ -81,7 +82,7 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
     if (L.wqkv.rows == 0 || L.w_gate_up.rows == 0 || L.w_down.rows == 0)
       return make_error("awq: the calibration model must hold BF16 weights");
     auto hf = [&](const char* role) {
-      return archs::layer_tensor(archs::Naming::Hf, c.arch, l, role);
+      return archs::layer_tensor(archs::Naming::Hf, *c.arch, l, role);
     };
     struct Site {
       int which;

@@ -21,6 +21,7 @@
 #include "io/model_files.h"
 #include "kvcache/kv_codec.h"
 #include "kvcache/page_pool.h"
+#include "model/archs/arch.h"
 #include "model/model.h"
 
 using namespace kvant;
@@ -767,7 +768,7 @@ TEST(Engine, OpensTheModelFileOnce) {
   ASSERT_TRUE(e.ok()) << e.error().message;
   EXPECT_EQ(ModelFiles::opened() - files0, 1);
   EXPECT_EQ(GgufFile::opened() - gguf0, 1);
-  EXPECT_EQ((*e)->model_config().arch, Arch::Llama);
+  EXPECT_STREQ((*e)->model_config().arch->name, "llama");
   // A Hugging Face directory: its config.json and safetensors once, no GGUF.
   EngineOptions t = tiny_options("qwen3");
   t.tokenizer_path.clear();

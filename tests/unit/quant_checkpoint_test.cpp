@@ -21,6 +21,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "model/archs/arch.h"
 #include "model/config.h"
 #include "model/loader.h"
 #include "numerics/bf16.h"

@@ -8,8 +8,10 @@
 #include "model/archs/hf_config.h"
 
 namespace kvant::archs {
+namespace {
 
-Result<void> mla_from_hf(const json& j, const std::string& path, ModelConfig& c) {
+// `dsa`: GLM-5's form (interleaved RoPE always, the sparse-attention indexer).
+Result<void> mla_from_hf(const json& j, const std::string& path, bool dsa, ModelConfig& c) {
   // Multi-head latent attention, and DeepSeek routing (sigmoid scores
   // with a correction bias, expert groups, routed scaling, shared
   // experts, the first k layers dense).
@@ -26,13 +28,13 @@ Result<void> mla_from_hf(const json& j, const std::string& path, ModelConfig& c)
   c.rotary_dim = c.qk_rope_dim;
   c.qkv_bias = j.value("attention_bias", false);
   if (c.qkv_bias) return make_error(path + ": attention_bias is not supported with MLA");
-  c.rope_interleave = c.arch == Arch::GlmMoeDsa || j.value("rope_interleave", true);
+  c.rope_interleave = dsa || j.value("rope_interleave", true);
   c.attn_scale = 1.f / std::sqrt(float(c.head_dim));
   if (c.rope.scaling == RopeScaling::Yarn && c.rope.mscale_all_dim != 0.f && c.rope.factor > 1.f) {
     const float m = 0.1f * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.f;
     c.attn_scale *= m * m;
   }
-  if (c.arch == Arch::GlmMoeDsa) {
+  if (dsa) {
     c.index_topk = opt_int("index_topk");
     c.index_heads = opt_int("index_n_heads");
     c.index_head_dim = opt_int("index_head_dim");
@@ -61,5 +63,31 @@ Result<void> mla_from_hf(const json& j, const std::string& path, ModelConfig& c)
   KV_TRY(deepseek_routing(j, path, /*default_dense=*/0, c));
   return {};
 }
+
+Result<void> deepseek_v3_from_hf(const HfInput& in, ModelConfig& c) {
+  return mla_from_hf(in.j, in.path, /*dsa=*/false, c);
+}
+
+Result<void> glm_moe_dsa_from_hf(const HfInput& in, ModelConfig& c) {
+  return mla_from_hf(in.j, in.path, /*dsa=*/true, c);
+}
+
+}  // namespace
+
+extern const ArchSpec kDeepseekV3{
+    .name = "deepseek_v3",
+    .hf_classes = {"DeepseekV3ForCausalLM"},
+    .hf_class = "DeepseekV3ForCausalLM",
+    .hf_model_type = "deepseek_v3",
+    .from_hf = deepseek_v3_from_hf,
+};
+
+extern const ArchSpec kGlmMoeDsa{
+    .name = "glm_moe_dsa",
+    .hf_classes = {"GlmMoeDsaForCausalLM"},
+    .hf_class = "GlmMoeDsaForCausalLM",
+    .hf_model_type = "glm_moe_dsa",
+    .from_hf = glm_moe_dsa_from_hf,
+};
 
 }  // namespace kvant::archs

@@ -1,12 +1,12 @@
-// config.json mapping shared by the per-family files in model/archs/ (one
-// file per architecture family: its hyper-parameters beyond the common
-// fields config.cpp reads). Private to model/.
+// What the family files in model/archs/ share: the spec (arch.h) and the
+// config.json helpers more than one family uses. Private to model/.
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/result.h"
+#include "model/archs/arch.h"
 #include "model/config.h"
 
 namespace kvant::archs {
@@ -21,12 +21,10 @@ RopeConfig rope_from_json(const json& p, float default_theta);
 // unless mlp_layer_types lists each layer.
 Result<void> deepseek_routing(const json& j, const std::string& path, int64_t default_dense,
                               ModelConfig& c);
-
-// Each family's fields; `rp` is the merged RoPE block, `theta` the top-level base.
-Result<void> gemma3_from_hf(const json& j, const json& rp, float theta, ModelConfig& c);
-Result<void> mla_from_hf(const json& j, const std::string& path, ModelConfig& c);
-Result<void> glm4_moe_from_hf(const json& j, const json& rp, const std::string& path,
-                              ModelConfig& c);
-Result<void> qwen3_moe_from_hf(const json& j, const std::string& path, ModelConfig& c);
+// config.json's attention_bias (default false) as qkv_bias.
+inline Result<void> read_attention_bias(const HfInput& in, ModelConfig& c) {
+  c.qkv_bias = in.j.value("attention_bias", false);
+  return {};
+}
 
 }  // namespace kvant::archs

@@ -42,21 +42,18 @@ constexpr Global kGlobal[] = {
     {"rope_freqs", "rope_freqs.weight", ""},
 };
 
-// Hugging Face names that depend on the family. Llama's
-// "post_attention_layernorm" is the norm before the MLP; Gemma's is the norm
-// applied to the attention output, and it has one around the MLP too.
-std::string hf_family_name(Arch a, std::string_view role) {
-  const bool gemma = a == Arch::Gemma3;
-  if (role == "ffn_norm")
-    return gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight";
-  if (role == "post_attn_norm") return gemma ? "post_attention_layernorm.weight" : "";
-  if (role == "post_ffn_norm") return gemma ? "post_feedforward_layernorm.weight" : "";
+// Hugging Face names that depend on the family (ArchSpec::hf_role_names).
+// Llama's "post_attention_layernorm" is the norm before the MLP; Gemma's is
+// the norm applied to the attention output, and it has one around the MLP too.
+std::string hf_family_name(const ArchSpec& a, std::string_view role) {
+  for (const RoleName& r : a.hf_role_names)
+    if (r.role && role == r.role) return r.hf;
   return "";
 }
 
 }  // namespace
 
-std::string layer_tensor(Naming n, Arch a, int64_t layer, std::string_view role) {
+std::string layer_tensor(Naming n, const ArchSpec& a, int64_t layer, std::string_view role) {
   for (const Row& r : kLayer) {
     if (role != r.role) continue;
     if (n == Naming::Gguf) return "blk." + std::to_string(layer) + "." + r.gguf;
