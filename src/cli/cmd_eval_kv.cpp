@@ -18,7 +18,7 @@
 #include "core/threads.h"
 #include "engine/engine.h"
 #include "engine/logprobs.h"
-#include "model/model.h"
+#include "engine/model_runner.h"
 
 namespace kvant::cli {
 namespace {
@@ -46,9 +46,16 @@ struct CalibOpts {
   bool from_end = true;
 };
 
+// The model with the checkpoint's own weights.
+Result<std::unique_ptr<ModelRunner>> load_native(const std::string& path) {
+  RunnerOptions r;
+  r.model_path = path;
+  return ModelRunner::load(r);
+}
+
 int run_calibrate(const CalibOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  auto m = Model::load(o.model);
+  auto m = load_native(o.model);
   if (!m) return fail(m.error().message);
   auto toks = tokenize_file(o.model, o.text);
   if (!toks) return fail(toks.error().message);
@@ -91,9 +98,9 @@ struct Mode {
 
 int run_eval(const EvalOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  auto m = Model::load(o.model);
+  auto m = load_native(o.model);
   if (!m) return fail(m.error().message);
-  Model& model = **m;
+  ModelRunner& model = **m;
   const ModelConfig& c = model.config();
   auto toks = tokenize_file(o.model, o.text);
   if (!toks) return fail(toks.error().message);
@@ -139,25 +146,23 @@ int run_eval(const EvalOpts& o) {
   double ref_nll = 0;
   int64_t ref_n = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<RunChunk> batch(static_cast<size_t>(W));
   for (int64_t pos = 0; pos + 1 < L; ++pos) {
+    // Window w's token at `pos`, one chunk per window, over `caches`.
     auto make_batch = [&](std::vector<std::unique_ptr<SeqKv>>& caches) {
-      Batch b;
-      for (int64_t w = 0; w < W; ++w) {
-        b.tokens.push_back((*toks)[size_t(w * L + pos)]);
-        b.seqs.push_back({caches[size_t(w)].get(), pos, 1, false});
-      }
-      return b;
+      for (int64_t w = 0; w < W; ++w)
+        batch[size_t(w)] = {caches[size_t(w)].get(), pos,
+                            std::span<const int32_t>(*toks).subspan(size_t(w * L + pos), 1), false};
+      return std::span<const RunChunk>(batch);
     };
-    auto rb = make_batch(ref_kv);
-    if (auto r = model.forward(rb, ref_logits); !r) return fail(r.error().message);
+    if (auto r = model.forward(make_batch(ref_kv), ref_logits); !r) return fail(r.error().message);
     for (int64_t w = 0; w < W; ++w) {
       log_softmax({ref_logits.data() + w * V, size_t(V)}, lp_ref);
       ref_nll -= lp_ref[size_t((*toks)[size_t(w * L + pos + 1)])];
       ++ref_n;
     }
     for (size_t mi = 0; mi < modes.size(); ++mi) {
-      auto b = make_batch(kv[mi]);
-      if (auto r = model.forward(b, logits); !r) return fail(r.error().message);
+      if (auto r = model.forward(make_batch(kv[mi]), logits); !r) return fail(r.error().message);
       Mode& md = modes[mi];
       for (int64_t w = 0; w < W; ++w) {
         const float* rr = ref_logits.data() + w * V;

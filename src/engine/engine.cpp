@@ -20,7 +20,9 @@
 
 #include "core/check.h"
 #include "core/threads.h"
+#include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "engine/weight_options.h"
 #include "io/gguf.h"
 #include "io/model_files.h"
 #include "kvcache/fault_injector.h"
@@ -141,22 +143,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   // caller's thread keeps no idle team: a server that creates the engine on
   // its I/O thread and steps it on another saw decode take twice as long on
   // two cores while such a team existed (see docs/BENCHMARKS.md, Serving).
-  WeightOptions wo;
-  auto prec = [](const std::string& s, WeightPrecision* out) {
-    if (s == "native" || s.empty()) *out = WeightPrecision::kNative;
-    else if (s == "bf16") *out = WeightPrecision::kBf16;
-    else if (s == "int4") *out = WeightPrecision::kInt4;
-    else return false;
-    return true;
-  };
-  if (!prec(o.prefill_weights, &wo.prefill) || !prec(o.decode_weights, &wo.decode))
-    return make_error("engine: weight precision must be native, bf16 or int4 (got prefill '" +
-                      o.prefill_weights + "', decode '" + o.decode_weights + "')");
-  if (o.int4_group != 32 && o.int4_group != 64 && o.int4_group != 128)
-    return make_error("engine: --int4-group must be 32, 64 or 128, got " +
-                      std::to_string(o.int4_group));
-  wo.int4_group = o.int4_group;
-  wo.int4_lm_head = o.int4_lm_head;
+  auto wo = parse_weight_options(o.prefill_weights, o.decode_weights, o.int4_group,
+                                 o.int4_lm_head);
+  if (!wo) return wo.error();
   // The model path is opened once: the config, every weight set and the
   // tokenizer come from the same files.
   Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
@@ -169,7 +158,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
       return;
     }
     files = *f;
-    m = Model::load(*files, wo);
+    m = Model::load(*files, *wo);
   });
   loader.join();
   if (!m) return m.error();
@@ -707,7 +696,8 @@ Result<void> Engine::check_invariants() const { return scheduler_->check_invaria
 // ---------------------------------------------------------------------------
 // Static KV scale calibration.
 
-Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> tokens, int64_t chunk) {
+Result<KvScales> calibrate_kv_scales(ModelRunner& model, std::span<const int32_t> tokens,
+                                     int64_t chunk) {
   const ModelConfig& c = model.config();
   if (tokens.empty()) return make_error("calibrate-kv: no calibration tokens");
   if (chunk <= 0) return make_error("calibrate-kv: chunk must be positive");
@@ -723,10 +713,7 @@ Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> toke
   for (size_t p = 0; p < tokens.size(); p += size_t(chunk)) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(tokens.size() - p));
     SeqKv kv(c, n);
-    Batch b;
-    b.tokens.assign(tokens.begin() + ptrdiff_t(p), tokens.begin() + ptrdiff_t(p) + n);
-    b.seqs.push_back({&kv, 0, n, false});
-    KV_TRY(model.forward(b, logits));
+    KV_TRY(model.forward(RunChunk{&kv, 0, tokens.subspan(p, size_t(n)), false}, logits));
     const KvFormat& f = *kv.format;
     for (int64_t l = 0; l < c.layers; ++l)
       for (int64_t t = 0; t < n; ++t) {

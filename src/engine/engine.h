@@ -11,7 +11,9 @@
 //
 // submit() and cancel() may be called from any thread; step() and the
 // callbacks run on the thread that drives the engine (one at a time). The
-// server and the CLI include only this header.
+// server includes only this header; tools that drive a model directly, one
+// forward at a time (benchmarks, evaluation, calibration), use ModelRunner
+// (engine/model_runner.h). Neither exposes Model, its loader or its weights.
 #pragma once
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +38,7 @@
 namespace kvant {
 
 class Model;
+class ModelRunner;
 class PagePool;
 class PrefixIndex;
 class Scheduler;
@@ -242,9 +246,9 @@ struct KvScales {
   int64_t tokens = 0;                 // calibration tokens seen
   std::string source;                 // what text they came from
 };
-// Runs the model over `tokens` in chunks with a BF16 cache and records the
-// largest |K| and |V| per (layer, KV head).
-Result<KvScales> calibrate_kv_scales(Model& model, std::span<const int32_t> tokens,
+// Runs the model (engine/model_runner.h) over `tokens` in chunks with a BF16
+// cache and records the largest |K| and |V| per (layer, KV head).
+Result<KvScales> calibrate_kv_scales(ModelRunner& model, std::span<const int32_t> tokens,
                                      int64_t chunk_tokens);
 Result<void> save_kv_scales(const KvScales& s, const std::string& path);
 Result<KvScales> load_kv_scales(const std::string& path);

@@ -5,6 +5,7 @@
 // live requests.
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
+#include "engine/model_runner.h"
 
 #include <gtest/gtest.h>
 
@@ -282,7 +283,9 @@ TEST(Engine, StaticScalesNeedACalibrationFile) {
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("calibrate-kv"), std::string::npos) << e.error().message;
 
-  auto m = Model::load(tiny("llama3"));
+  RunnerOptions ro;
+  ro.model_path = tiny("llama3");
+  auto m = ModelRunner::load(ro);
   ASSERT_TRUE(m.ok());
   const auto toks = random_prompts(1, 300, 300, 320, 9)[0];
   auto s = calibrate_kv_scales(**m, toks, 100);
