@@ -13,8 +13,8 @@
 #include "core/cpu.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "backend/backend.h"
-#include "model/model.h"
 
 namespace kvant::cli {
 namespace {
@@ -61,10 +61,9 @@ std::pair<std::string, std::string> phase_weights(const std::string& spec) {
   return {spec.substr(0, k), spec.substr(k + 1)};
 }
 
-Result<WeightPrecision> precision(const std::string& s) {
-  if (s == "native") return WeightPrecision::kNative;
-  if (s == "bf16") return WeightPrecision::kBf16;
-  if (s == "int4") return WeightPrecision::kInt4;
+// A phase's precision name, checked.
+Result<std::string> precision(const std::string& s) {
+  if (s == "native" || s == "bf16" || s == "int4") return s;
   return make_error("--weights: expected native, bf16, int4 or P/D, got '" + s + "'");
 }
 
@@ -84,13 +83,19 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   if (!pp_prec) return fail(pp_prec.error().message);
   if (!dd_prec) return fail(dd_prec.error().message);
   const double t_load = now_s();
-  auto m = Model::load(o.model, {*pp_prec, *dd_prec, o.int4_group, o.int4_lm_head});
+  RunnerOptions ro;
+  ro.model_path = o.model;
+  ro.prefill_weights = *pp_prec;
+  ro.decode_weights = *dd_prec;
+  ro.int4_group = o.int4_group;
+  ro.int4_lm_head = o.int4_lm_head;
+  auto m = ModelRunner::load(ro);
   if (!m) {
     std::fprintf(stderr, "kvant: %s\n", m.error().message.c_str());
     return 1;
   }
   const double load_s = now_s() - t_load;
-  Model& model = **m;
+  ModelRunner& model = **m;
   const auto& c = model.config();
   const int64_t ctx = std::max(o.prompt_tokens, o.gen_tokens) + 1;
   std::mt19937 rng(42);
@@ -101,11 +106,11 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
     SeqKv kv(c, ctx);
     double pp = 0, tg = 0;
     if (o.prompt_tokens > 0) {
-      Batch b;
-      for (int i = 0; i < o.prompt_tokens; ++i) b.tokens.push_back(tok(rng));
-      b.seqs.push_back({&kv, 0, o.prompt_tokens, false});
+      std::vector<int32_t> ids;
+      for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(tok(rng));
+      const RunChunk chunk{&kv, 0, ids, false};
       const double t0 = now_s();
-      auto r = model.forward(b, logits);
+      auto r = model.forward(chunk, logits);
       pp = now_s() - t0;
       if (!r.ok()) {
         std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str());
@@ -114,18 +119,17 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
     }
     if (o.gen_tokens > 0) {
       SeqKv kv2(c, ctx);
-      Batch b;
-      b.tokens = {tok(rng)};
-      b.seqs.push_back({&kv2, 0, 1, false});
+      int32_t next = tok(rng);
+      RunChunk chunk{&kv2, 0, std::span<const int32_t>(&next, 1), false};
       const double t0 = now_s();
       for (int i = 0; i < o.gen_tokens; ++i) {
-        b.seqs[0].pos0 = i;
-        auto r = model.forward(b, logits);
+        chunk.pos0 = i;
+        auto r = model.forward(chunk, logits);
         if (!r.ok()) {
           std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str());
           return 1;
         }
-        b.tokens[0] = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       tg = now_s() - t0;
     }

@@ -23,9 +23,9 @@
 #include "cli/engine_flags.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "eval/report.h"
 #include "eval/runner.h"
-#include "model/model.h"
 
 namespace kvant::cli {
 namespace {
@@ -54,17 +54,13 @@ Result<void> load_model(const Opts& o, Ctx& c) {
   if (o.ef.model.empty()) return make_error("eval: -m MODEL or --url URL is required");
   auto eo = engine_options(o.ef);
   if (!eo) return eo.error();
-  WeightOptions wo;
-  auto prec = [](const std::string& s) {
-    return s == "bf16"   ? WeightPrecision::kBf16
-           : s == "int4" ? WeightPrecision::kInt4
-                         : WeightPrecision::kNative;
-  };
-  wo.prefill = prec(eo->prefill_weights);
-  wo.decode = prec(eo->decode_weights);
-  wo.int4_group = eo->int4_group;
-  wo.int4_lm_head = eo->int4_lm_head;
-  auto m = Model::load(eo->model_path, wo);
+  RunnerOptions ro;
+  ro.model_path = eo->model_path;
+  ro.prefill_weights = eo->prefill_weights;
+  ro.decode_weights = eo->decode_weights;
+  ro.int4_group = eo->int4_group;
+  ro.int4_lm_head = eo->int4_lm_head;
+  auto m = ModelRunner::load(ro);
   if (!m) return m.error();
   c.model = std::move(*m);
   const ModelConfig& mc = c.model->config();

@@ -20,7 +20,7 @@
 #include "core/threads.h"
 #include "engine/engine.h"
 #include "engine/logprobs.h"
-#include "model/model.h"
+#include "engine/model_runner.h"
 
 namespace kvant::cli {
 namespace {
@@ -40,7 +40,7 @@ struct Opts {
 
 struct Candidate {
   std::string spec;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<ModelRunner> model;
   std::vector<double> kl, dp;
   int64_t same_top1 = 0, n = 0;
   double nll = 0;
@@ -48,9 +48,18 @@ struct Candidate {
 };
 
 
-Result<std::unique_ptr<Model>> load_candidate(const std::string& base, const std::string& spec) {
+// Weights of one precision for both phases.
+RunnerOptions weights(const std::string& path, const std::string& precision) {
+  RunnerOptions r;
+  r.model_path = path;
+  r.prefill_weights = r.decode_weights = precision;
+  return r;
+}
+
+Result<std::unique_ptr<ModelRunner>> load_candidate(const std::string& base,
+                                                    const std::string& spec) {
   if (spec.rfind("int4:g", 0) == 0) {
-    WeightOptions w{WeightPrecision::kInt4, WeightPrecision::kInt4, 128, false};
+    RunnerOptions w = weights(base, "int4");
     try {
       w.int4_group = std::stoi(spec.substr(6));
     } catch (...) {
@@ -58,16 +67,16 @@ Result<std::unique_ptr<Model>> load_candidate(const std::string& base, const std
     }
     if (w.int4_group != 32 && w.int4_group != 64 && w.int4_group != 128)
       return make_error("candidate '" + spec + "': group must be 32, 64 or 128");
-    return Model::load(base, w);
+    return ModelRunner::load(w);
   }
   if (spec.rfind("dequant:", 0) == 0)  // INT4 checkpoint run through the BF16 kernels
-    return Model::load(spec.substr(8), {WeightPrecision::kBf16, WeightPrecision::kBf16});
-  return Model::load(spec);
+    return ModelRunner::load(weights(spec.substr(8), "bf16"));
+  return ModelRunner::load(weights(spec, "native"));
 }
 
 int run(const Opts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  auto ref = Model::load(o.model, {WeightPrecision::kBf16, WeightPrecision::kBf16});
+  auto ref = ModelRunner::load(weights(o.model, "bf16"));
   if (!ref) return fail(ref.error().message);
   const ModelConfig& c = (*ref)->config();
   std::vector<Candidate> cands;
@@ -98,12 +107,10 @@ int run(const Opts& o) {
   std::vector<double> lr, lc;
   double ref_nll = 0;
   int64_t ref_n = 0;
-  auto forward = [&](Model& m, const int32_t* ids, std::vector<float>& out) -> Result<void> {
+  auto forward = [&](ModelRunner& m, const int32_t* ids,
+                     std::vector<float>& out) -> Result<void> {
     SeqKv kv(m.config(), L);
-    Batch b;
-    b.tokens.assign(ids, ids + L);
-    b.seqs.push_back({&kv, 0, L, true});
-    return m.forward(b, out);
+    return m.forward(RunChunk{&kv, 0, std::span<const int32_t>(ids, size_t(L)), true}, out);
   };
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t ch = 0; ch < chunks; ++ch) {

@@ -15,6 +15,7 @@
 
 #include "core/result.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "eval/data.h"
 #include "eval/http_client.h"
 #include "eval/report.h"
@@ -57,7 +58,7 @@ struct Ctx {
   const RunOptions& o;
   DataDir data;
   ResumeLog* log = nullptr;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<ModelRunner> model;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<LoglikScorer> scorer;
   std::unique_ptr<Engine> engine;

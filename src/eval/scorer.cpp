@@ -20,7 +20,7 @@ TokenizedRequests tokenize_requests(const Tokenizer& tok, const std::vector<Logl
   return t;
 }
 
-LoglikScorer::LoglikScorer(Model& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk)
+LoglikScorer::LoglikScorer(ModelRunner& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk)
     : model_(m),
       kv_(std::make_unique<SeqKv>(m.config(), capacity, kv)),
       capacity_(capacity),
@@ -31,11 +31,9 @@ Result<void> LoglikScorer::run(std::span<const int32_t> ids, int64_t pos0, bool 
     return make_error("eval: " + std::to_string(pos0 + int64_t(ids.size())) +
                       " tokens exceed the scoring context of " + std::to_string(capacity_) +
                       " (--max-len)");
-  Batch b;
-  b.tokens.assign(ids.begin(), ids.end());
-  b.seqs.push_back({kv_.get(), pos0, int64_t(ids.size()), all_logits});
-  logits_.resize(size_t(b.logit_rows() * model_.config().vocab));
-  return model_.forward(b, logits_);
+  const RunChunk chunk{kv_.get(), pos0, ids, all_logits};
+  logits_.resize(size_t(chunk.logit_count() * model_.config().vocab));
+  return model_.forward(chunk, logits_);
 }
 
 Result<void> LoglikScorer::prime(std::span<const int32_t> ids) {

@@ -10,8 +10,8 @@
 // `chunk`; then each continuation runs as one chunk of its own (the
 // context's last token followed by the continuation but its last token),
 // whose logits score it. Multi-token chunks use the prefill weights, single
-// tokens the decode weights (model.h), and each chunk reads earlier
-// positions back from the cache's pages, as serving does.
+// tokens the decode weights (engine/model_runner.h), and each chunk reads
+// earlier positions back from the cache's pages, as serving does.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "core/result.h"
+#include "engine/model_runner.h"
 #include "eval/tasks.h"
-#include "model/model.h"
+#include "model/seq_kv.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvant::eval {
@@ -44,7 +45,7 @@ struct ChoiceScore {
 
 class LoglikScorer {
  public:
-  LoglikScorer(Model& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk = 128);
+  LoglikScorer(ModelRunner& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk = 128);
   const ModelConfig& config() const { return model_.config(); }
   int64_t capacity() const { return capacity_; }
 
@@ -62,7 +63,7 @@ class LoglikScorer {
   Result<void> run(std::span<const int32_t> ids, int64_t pos0, bool all_logits);
   Result<void> prime(std::span<const int32_t> ids);  // cache = ids, nothing scored
 
-  Model& model_;
+  ModelRunner& model_;
   std::unique_ptr<SeqKv> kv_;
   int64_t capacity_, chunk_;
   std::vector<int32_t> cached_;

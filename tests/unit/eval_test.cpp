@@ -12,13 +12,13 @@
 #include <set>
 
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "eval/data.h"
 #include "eval/kl_baseline.h"
 #include "eval/report.h"
 #include "eval/scorer.h"
 #include "eval/stats.h"
 #include "eval/tasks.h"
-#include "model/model.h"
 
 using namespace kvant;
 using namespace kvant::eval;
@@ -382,7 +382,9 @@ TEST(EvalLoglik, MatchesTransformersOnTheDefaultModel) {
   const json j = json::parse(f);
   const std::string model_path = std::string(KVANT_MODELS) + "/" + j["model"].get<std::string>();
   if (!std::filesystem::exists(model_path)) GTEST_SKIP() << model_path << " missing";
-  auto m = Model::load(model_path);
+  RunnerOptions ro;
+  ro.model_path = model_path;
+  auto m = ModelRunner::load(ro);
   ASSERT_TRUE(m.ok()) << m.error().message;
   auto tok = load_tokenizer_for(model_path, nullptr);
   ASSERT_TRUE(tok.ok());
