@@ -1,6 +1,7 @@
 // `kvant quantize`: writes a GGUF or Hugging Face checkpoint out as a Hugging
 // Face directory with compressed-tensors pack-quantized INT4 linears. Option
-// parsing, progress and the size report only; the work is quant/checkpoint.
+// parsing, the calibration text's tokens, progress and the size report only;
+// the work is quant/ (quantize_pipeline.h: AWQ scales, then checkpoint.h).
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -10,9 +11,7 @@
 #include "cli/commands.h"
 #include "core/threads.h"
 #include "engine/engine.h"
-#include "model/model.h"
-#include "quant/awq_plan.h"
-#include "quant/checkpoint.h"
+#include "quant/quantize_pipeline.h"
 
 namespace kvant::cli {
 namespace {
@@ -42,9 +41,10 @@ int run_quantize(const QuantizeCliOpts& c) {
     return fail("--method must be rtn or awq, got '" + c.method + "'");
   if (c.method == "awq" && c.calib.empty()) return fail("--method awq needs --calib TEXTFILE");
   set_num_threads(c.threads);
-  AwqPlan plan;
+  QuantizePipelineOptions p;
   if (c.method == "awq") {
-    // Scales from the BF16 model on the calibration text (awq_plan.h).
+    // The calibration text's tokens; the scales come from the BF16 model on
+    // them (quant/awq_plan.h).
     std::ifstream f(c.calib, std::ios::binary);
     if (!f) return fail("cannot open " + c.calib);
     std::stringstream ss;
@@ -53,19 +53,13 @@ int run_quantize(const QuantizeCliOpts& c) {
     if (!tok) return fail(tok.error().message);
     auto ids = (*tok)->encode(ss.str(), false, false);
     if (int64_t(ids.size()) > c.calib_tokens) ids.resize(size_t(c.calib_tokens));
-    auto m = Model::load(c.in, {WeightPrecision::kBf16, WeightPrecision::kBf16});
-    if (!m) return fail(m.error().message);
-    std::fprintf(stderr, "awq: %zu calibration tokens from %s, searching scales...\n", ids.size(),
-                 c.calib.c_str());
-    AwqOptions ao;
-    ao.group = c.group_size;
-    ao.asym = c.asym;
-    auto p = awq_plan(**m, ids, 512, c.calib_rows, ao);
-    if (!p) return fail(p.error().message);
-    plan = std::move(*p);
-    for (const auto& line : plan.report) std::fprintf(stderr, "awq: %s\n", line.c_str());
+    p.awq = true;
+    p.calib_tokens = std::move(ids);
+    p.calib_source = c.calib;
+    p.calib_rows = c.calib_rows;
+    p.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   }
-  QuantizeOptions o;
+  QuantizeOptions& o = p.checkpoint;
   o.in = c.in;
   o.out = c.out;
   o.group_size = c.group_size;
@@ -73,14 +67,11 @@ int run_quantize(const QuantizeCliOpts& c) {
   o.keep = c.keep;
   o.quantize_lm_head = c.quantize_lm_head;
   o.strict_groups = c.strict_groups;
-  if (c.method == "awq")
-    o.adjust = [&plan](const std::string& name, const std::vector<int64_t>& shape,
-                       std::vector<float>& v) { plan.apply(name, shape, v); };
   o.progress = [](size_t i, size_t n, const std::string& name, bool q) {
     std::fprintf(stderr, "[%zu/%zu] %s %s\n", i, n, name.c_str(), q ? "int4" : "keep");
   };
   o.warn = [](const std::string& m) { std::fprintf(stderr, "kvant quantize: warning: %s\n", m.c_str()); };
-  auto r = quantize_checkpoint(o);
+  auto r = quantize_model(p);
   if (!r) return fail(r.error().message);
   const auto& s = *r;
   if (c.json) {

@@ -2,7 +2,9 @@
 // whose inputs have salient channels; the folded scales leave the
 // unquantized model's logits unchanged (up to BF16 rounding of the scaled
 // tensors) on the tiny golden models, Gemma's (1 + w) norms included; and
-// an AWQ INT4 checkpoint loads and stays as close to BF16 as RTN's.
+// an AWQ INT4 checkpoint loads and stays as close to BF16 as RTN's; and
+// `kvant quantize`'s pipeline (quantize_pipeline.h) writes exactly what the
+// plan and the checkpoint writer write by hand.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "quant/awq.h"
 #include "quant/awq_plan.h"
 #include "quant/checkpoint.h"
+#include "quant/quantize_pipeline.h"
 
 namespace kvant {
 namespace {
@@ -109,6 +112,62 @@ TEST_P(AwqModelTest, FoldedScalesKeepTheModelAndQuantizeWell) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, AwqModelTest, ::testing::Values("llama3", "qwen3", "gemma3"));
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(QuantizePipeline, WritesWhatThePlanAndTheWriterWrite) {
+  const std::string in = std::string(KVANT_FIXTURES) + "/golden/llama3";
+  auto ref = Model::load(in, {WeightPrecision::kBf16, WeightPrecision::kBf16});
+  ASSERT_TRUE(ref.ok()) << ref.error().message;
+  const auto& c = (*ref)->config();
+  std::mt19937 rng(3);
+  std::vector<int32_t> calib(300);
+  for (auto& t : calib) t = int32_t(rng() % uint32_t(c.vocab));
+  for (bool awq : {false, true}) {
+    QuantizeOptions o;
+    o.in = in;
+    o.group_size = 32;
+    o.out = temp_dir(std::string("by_hand_") + (awq ? "awq" : "rtn"));
+    AwqOptions ao;
+    ao.group = 32;
+    auto plan = awq_plan(**ref, calib, 512, 64, ao);
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    if (awq)
+      o.adjust = [&](const std::string& n, const std::vector<int64_t>& s, std::vector<float>& v) {
+        plan->apply(n, s, v);
+      };
+    auto want = quantize_checkpoint(o);
+    ASSERT_TRUE(want.ok()) << want.error().message;
+
+    QuantizePipelineOptions p;
+    p.checkpoint = o;
+    p.checkpoint.adjust = {};
+    p.checkpoint.out = temp_dir(std::string("pipeline_") + (awq ? "awq" : "rtn"));
+    p.awq = awq;
+    p.calib_tokens = calib;
+    p.calib_source = "random";
+    p.calib_rows = 64;
+    std::vector<std::string> log;
+    p.log = [&](const std::string& line) { log.push_back(line); };
+    auto got = quantize_model(p);
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    ASSERT_EQ(got->files, want->files);
+    for (const auto& f : want->files)
+      EXPECT_EQ(file_bytes(p.checkpoint.out + "/" + f), file_bytes(o.out + "/" + f)) << f;
+    if (awq) {
+      ASSERT_EQ(log.size(), 1 + plan->report.size());
+      EXPECT_EQ(log[0], "awq: 300 calibration tokens from random, searching scales...");
+      EXPECT_EQ(log[1], "awq: " + plan->report[0]);
+    } else {
+      EXPECT_TRUE(log.empty());
+    }
+    fs::remove_all(o.out);
+    fs::remove_all(p.checkpoint.out);
+  }
+}
 
 }  // namespace
 }  // namespace kvant
