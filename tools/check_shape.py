@@ -4,7 +4,10 @@
  - no function over 150 lines;
  - src/model/ has no kernels:: call, no kernels/ include and no OpenMP pragma;
  - src/model/ includes nothing from src/quant/, src/engine/ or above;
- - src/cli/ and src/eval/ include no kernels/ header.
+ - src/cli/ and src/eval/ include no kernels/ header;
+ - src/cli/ and src/eval/ include none of model/model.h, model/loader.h or
+   model/weights.h (they reach models through the engine layer's public
+   API: engine/engine.h, engine/model_runner.h).
 Functions are found by brace matching: a line that opens a brace at depth 0
 or inside a namespace starts a body; lambdas and nested blocks count with the
 function that holds them. Prints every violation; exit 1 if any."""
@@ -68,6 +71,9 @@ for dirpath, _, files in os.walk(root):
                     bad.append(f"{rel}: includes {inc}/ (the model sits below it)")
         if rel.startswith(("src/cli/", "src/eval/")) and re.search(r'#include\s+"kernels/', "\n".join(lines)):
             bad.append(f"{rel}: includes a kernels/ header (use the engine or the backend)")
+        if rel.startswith(("src/cli/", "src/eval/")):
+            for inc in re.findall(r'#include\s+"(model/(?:model|loader|weights)\.h)"', "\n".join(lines)):
+                bad.append(f"{rel}: includes {inc} (use engine/engine.h or engine/model_runner.h)")
 
 for b in bad:
     print(b)
