@@ -27,6 +27,31 @@ int64_t strings_bytes(const std::vector<std::string>& v) {
   return n;
 }
 
+// Folds a batch of engine events into the answer: text and logprobs to
+// send, usage, and the finish (true once the final event is among them).
+bool take_events(std::deque<Event>& batch, const ParsedRequest& pr, const Tokenizer& tok,
+                 std::string& delta, std::vector<TokenLogprobText>& delta_lps, Usage& usage,
+                 std::string& finish, std::string& error, std::string& error_code) {
+  bool finished = false;
+  for (Event& ev : batch) {
+    delta += ev.text;
+    if (pr.logprobs && ev.has_logprobs)
+      delta_lps.push_back(token_logprob_text(tok, pr.tokens_as_ids, ev.logprobs));
+    usage.prompt_tokens = ev.prompt_tokens;
+    usage.completion_tokens = ev.completion_tokens;
+    usage.cached_tokens = ev.cached_tokens;
+    if (ev.finish != FinishReason::None) {
+      finished = true;
+      finish = std::string(finish_reason_name(ev.finish));
+      if (ev.finish == FinishReason::Error) {
+        error = client_error_text(ev.error_code, ev.error);
+        error_code = client_error_code(ev.error_code);
+      }
+    }
+  }
+  return finished;
+}
+
 }  // namespace
 
 std::string Server::new_id(Endpoint endpoint) {
@@ -249,6 +274,17 @@ awaitable<void> Server::watch_disconnect(ConnPtr conn, std::shared_ptr<Generatio
   gen->timer.cancel();
 }
 
+// Ends the watcher before the connection reads its next request.
+awaitable<void> Server::stop_watching(ConnPtr conn, std::shared_ptr<Generation> gen) {
+  gen->stop_watching = true;
+  beast::error_code ec;
+  conn->stream.socket().cancel(ec);
+  while (gen->watching) {
+    gen->timer.expires_at(Clock::time_point::max());
+    co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+}
+
 // Starts a chunked text/event-stream response; false when its header cannot be written.
 awaitable<bool> Server::write_sse_head(ConnPtr conn, const Request& req) {
   http::response<http::empty_body> head{http::status::ok, req.version()};
@@ -432,22 +468,7 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
         delta_lps = co_await offload(std::move(job));
       }
     }
-    for (Event& ev : batch) {
-      delta += ev.text;
-      if (pr.logprobs && ev.has_logprobs)
-        delta_lps.push_back(token_logprob_text(tok, pr.tokens_as_ids, ev.logprobs));
-      usage.prompt_tokens = ev.prompt_tokens;
-      usage.completion_tokens = ev.completion_tokens;
-      usage.cached_tokens = ev.cached_tokens;
-      if (ev.finish != FinishReason::None) {
-        gen->finished = true;
-        finish = std::string(finish_reason_name(ev.finish));
-        if (ev.finish == FinishReason::Error) {
-          error = client_error_text(ev.error_code, ev.error);
-          error_code = client_error_code(ev.error_code);
-        }
-      }
-    }
+    gen->finished = take_events(batch, pr, tok, delta, delta_lps, usage, finish, error, error_code);
     if (pr.stream && !write_failed) {
       if (!delta.empty() || !delta_lps.empty() || first_chunk || gen->finished) {
         std::string out = sse_events(endpoint, meta, pr, first_chunk, delta, delta_lps, text_offset,
@@ -460,14 +481,8 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       for (auto& t : delta_lps) lps.push_back(std::move(t));
     }
   }
-  // The watcher ends before the connection reads its next request.
-  gen->stop_watching = true;
+  co_await stop_watching(conn, gen);
   beast::error_code ec;
-  conn->stream.socket().cancel(ec);
-  while (gen->watching) {
-    gen->timer.expires_at(Clock::time_point::max());
-    co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
-  }
   if (gen->disconnected || write_failed) co_return false;
   if (pr.stream) {
     conn->stream.expires_after(std::chrono::seconds(60));

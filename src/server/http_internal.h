@@ -143,6 +143,7 @@ class Server {
   awaitable<bool> write_sse_head(ConnPtr conn, const Request& req);
   awaitable<bool> write_early_head(ConnPtr conn, const Request& req);
   awaitable<void> watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen);
+  awaitable<void> stop_watching(ConnPtr conn, std::shared_ptr<Generation> gen);
   void on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e);
   void cancel(Generation& gen);                     // I/O thread
   void cancel_from_engine_thread(Generation& gen);  // engine thread
