@@ -622,6 +622,7 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
 void Engine::fail_plan(const StepPlan& plan, std::string_view message) {
   auto& I = *impl_;
   ++I.stats.step_failures;
+  ++I.stats.steps;  // a failed step is still one
   std::fprintf(stderr, "kvant: %.*s\n", int(message.size()), message.data());
   for (const auto& e : plan.sequences) {
     auto it = I.by_seq.find(e.id);

@@ -66,7 +66,9 @@ Result<std::optional<Int4Scheme>> parse_quantization_config(const nlohmann::json
   if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
     return bad("no config_groups");
   std::optional<Int4Scheme> out;
-  for (auto& [gname, g] : q["config_groups"].items()) {
+  for (auto& [gkey, g] : q["config_groups"].items()) {
+    // A named copy: clang 14 cannot capture a structured binding.
+    const std::string gname = gkey;
     auto gbad = [&](const std::string& m) { return bad("config_groups." + gname + ": " + m); };
     if (!g.is_object()) return gbad("not an object");
     const std::string gformat = g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : format;

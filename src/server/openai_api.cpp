@@ -276,13 +276,15 @@ std::string error_body(const ApiError& e) {
   return dump_json(json{{"error", err}});
 }
 
-ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
-                           const std::string& model_name, int32_t max_logprobs) {
+namespace {
+
+ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
+                                const std::string& model_name, int32_t max_logprobs) {
   ParseOutcome out;
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     const std::string what = e.what();
     if (what.find("UTF-8") != std::string::npos)
       out.error = bad("the request body is not valid UTF-8: " + what);
@@ -378,13 +380,30 @@ ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
   return out;
 }
 
-TokenizeOutcome tokenize_request(std::string_view body, const std::string& model_name,
-                                 const Tokenizer& tok, int64_t max_model_len) {
+}  // namespace
+
+// Any JSON exception left (a number out of range, a value of an unexpected
+// type deep inside) is the client's error, not the server's.
+ParseOutcome parse_request(Endpoint endpoint, std::string_view body,
+                           const std::string& model_name, int32_t max_logprobs) {
+  try {
+    return parse_request_body(endpoint, body, model_name, max_logprobs);
+  } catch (const json::exception& e) {
+    ParseOutcome out;
+    out.error = bad(std::string("the request could not be read: ") + e.what());
+    return out;
+  }
+}
+
+namespace {
+
+TokenizeOutcome tokenize_body(std::string_view body, const std::string& model_name,
+                              const Tokenizer& tok, int64_t max_model_len) {
   TokenizeOutcome out;
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     out.error = bad(std::string("the request body is not valid JSON: ") + e.what());
     return out;
   }
@@ -415,6 +434,19 @@ TokenizeOutcome tokenize_request(std::string_view body, const std::string& model
   const auto ids = tok.encode(*prompt, special.value_or(true), parse_special.value_or(true));
   out.response = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_model_len}};
   return out;
+}
+
+}  // namespace
+
+TokenizeOutcome tokenize_request(std::string_view body, const std::string& model_name,
+                                 const Tokenizer& tok, int64_t max_model_len) {
+  try {
+    return tokenize_body(body, model_name, tok, max_model_len);
+  } catch (const json::exception& e) {
+    TokenizeOutcome out;
+    out.error = bad(std::string("the request could not be read: ") + e.what());
+    return out;
+  }
 }
 
 nlohmann::json usage_json(const Usage& u) {

@@ -187,3 +187,34 @@ TEST(ServerMetrics, PrometheusText) {
 
 }  // namespace
 }  // namespace kvant::server
+
+namespace kvant::server {
+namespace {
+
+// Inputs that once escaped the parser as exceptions (and closed the
+// connection with no answer) are client errors with a message.
+TEST(OpenAiApi, OverflowsAndOddTypesAreClientErrors) {
+  const char* bodies[] = {
+      R"({"model": "m", "prompt": "hi", "max_tokens": 1e400})",
+      R"({"model": "m", "prompt": "hi", "unknown_field": -1e400})",
+      R"({"model": "m", "prompt": "hi", "temperature": 1e309})",
+      R"({"model": "m", "messages": [{"role": "user", "content": [{"type": 1}]}]})",
+      R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]})",
+      R"({"model": "m", "messages": [{"role": "user", "content": [null]}]})",
+      R"({"model": "m", "prompt": [1, 2, 1e30]})",
+      R"({"model": "m", "prompt": "hi", "stop": [1e400]})",
+      R"({"model": "m", "prompt": "hi", "logit_bias": {"1": 1e400}})",
+      R"([1e400])",
+  };
+  for (const char* b : bodies)
+    for (Endpoint e : {Endpoint::Chat, Endpoint::Completion}) {
+      ParseOutcome out;
+      ASSERT_NO_THROW(out = parse_request(e, b, "m")) << b;
+      EXPECT_FALSE(out.request) << b;
+      EXPECT_EQ(out.error.status, 400) << b;
+      EXPECT_FALSE(out.error.message.empty()) << b;
+    }
+}
+
+}  // namespace
+}  // namespace kvant::server
