@@ -114,6 +114,7 @@ class Server {
   void start_session(tcp::socket socket);
   awaitable<void> refuse(tcp::socket socket, ApiError e);
   awaitable<void> session(ConnPtr conn);
+  awaitable<void> linger_close(ConnPtr conn);
   // Reads the body and answers one request; false: close the connection.
   awaitable<bool> serve_one(ConnPtr conn, Parser& parser);
   // Checks a request's headers before its body is read; the error, if any.

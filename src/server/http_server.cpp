@@ -181,7 +181,27 @@ awaitable<void> Server::refuse(tcp::socket socket, ApiError e) {
   dummy.version(11);
   dummy.keep_alive(false);
   co_await send_error(conn, dummy, std::move(e), false, header("Retry-After", "1"));
+  co_await linger_close(conn);
+}
+
+// Closes after the answer without losing it: the sending side shuts first,
+// then what the client still sends (a body the server did not read) is read
+// and dropped for up to a second, so that the close does not reset the
+// connection and discard the answer in the client's buffers.
+awaitable<void> Server::linger_close(ConnPtr conn) {
   beast::error_code ec;
+  conn->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  if (!ec && !conn->evicted) {
+    conn->stream.expires_after(std::chrono::seconds(1));
+    std::vector<char> sink(16384);
+    for (int64_t dropped = 0; dropped < (int64_t(8) << 20);) {
+      const size_t n = co_await conn->stream.async_read_some(
+          asio::buffer(sink), asio::redirect_error(use_awaitable, ec));
+      if (ec) break;
+      dropped += int64_t(n);
+    }
+    conn->stream.expires_never();
+  }
   conn->stream.socket().close(ec);
 }
 
@@ -290,9 +310,7 @@ awaitable<void> Server::session(ConnPtr conn) {
   }
   conns_.erase(conn.get());
   limits_.release(conn->address);
-  beast::error_code ec;
-  conn->stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-  conn->stream.socket().close(ec);
+  co_await linger_close(conn);
 }
 
 std::optional<ApiError> Server::check_headers(const Parser& parser, bool& is_preflight) {

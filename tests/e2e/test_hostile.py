@@ -153,7 +153,7 @@ def srv():
                 "--max-connections", "2048", "--max-connections-per-address", "256",
                 kv_memory="128MiB") as s:
         s.idle_rss = s.rss_bytes()
-        s.idle_tpot = tpot_p50(s.port)
+        s.idle_tpot = sorted(tpot_p50(s.port) for _ in range(3))[1]
         s.peak_rss = s.idle_rss
         yield s
         # The bound this suite states: twice the idle RSS plus the KV arena.
@@ -252,17 +252,18 @@ def test_slow_headers_and_slow_bodies_are_cut(srv):
 
 
 def test_two_thousand_large_bodies(srv):
-    """2,000 requests of 256 KiB each (512 MiB if all were held) against a
-    64 MiB request budget: each gets an answer (200, or 429 with Retry-After),
-    none is dropped, and the RSS stays bounded."""
+    """2,000 requests of 256 KiB each (512 MiB if all were held), 400 at a
+    time from four addresses, against a 64 MiB request budget: each gets an
+    answer (200, or 429 with Retry-After), none is dropped, and the RSS stays
+    bounded."""
     body = completion_body(max_tokens=2, pad=256 * 1024)
     raw = raw_request("POST", "/v1/completions", body)
     statuses, lock = [], threading.Lock()
 
-    def client(k):
+    def client(k, src):
         for _ in range(k):
             try:
-                st, h, b = one(srv.port, raw, src=None, timeout=120)
+                st, h, b = one(srv.port, raw, src=src, timeout=120)
                 if st == 429:
                     assert h.get("retry-after") == "1"
             except OSError as e:
@@ -271,7 +272,7 @@ def test_two_thousand_large_bodies(srv):
                 statuses.append(st)
 
     def attack():
-        threads = [threading.Thread(target=client, args=(5,)) for _ in range(400)]
+        threads = [threading.Thread(target=client, args=(5, (f"127.0.0.{10 + i % 4}", 0))) for i in range(400)]
         for t in threads:
             t.start()
         for t in threads:
@@ -423,7 +424,7 @@ def test_normal_tpot_under_transport_attacks(srv):
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100000\r\n\r\n{")
         slow.append(s)
-    tpot = tpot_p50(srv.port)
+    tpot = sorted(tpot_p50(srv.port) for _ in range(3))[1]
     for c in conns + slow:
         c.close()
     print(f"hostile: TPOT p50 idle {srv.idle_tpot * 1e3:.1f} ms, under attack {tpot * 1e3:.1f} ms")
