@@ -26,7 +26,8 @@ def model_path():
 
 
 class Server:
-    def __init__(self, *extra, kv_memory="128MiB", threads=2, model=None):
+    def __init__(self, *extra, kv_memory="128MiB", threads=2, model=None, preexec_fn=None):
+        self.preexec_fn = preexec_fn
         self.args = [kvant_bin(), "serve", "-m", model or model_path(), "--port", "0", "-t", str(threads),
                      "--kv-memory", kv_memory, *extra]
         self.proc = None
@@ -35,6 +36,7 @@ class Server:
 
     def __enter__(self):
         self.proc = subprocess.Popen(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     preexec_fn=self.preexec_fn,
                                      text=True)
         deadline = time.time() + 120
         while time.time() < deadline:

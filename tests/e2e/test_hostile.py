@@ -6,6 +6,7 @@ the suite records the server's peak RSS against a stated bound.
 Attackers connect from 127.0.0.1; the normal client from 127.0.0.2, so the
 per-address connection limit is what keeps it served."""
 import json
+import os
 import resource
 import signal
 import socket
@@ -487,3 +488,54 @@ def test_sigterm_during_64_streams_loses_nothing():
         assert s.proc.wait(timeout=120) == 0
         assert all(e == (200, True, "length") for e in ends), ends
         print(f"hostile: SIGTERM during 64 streams: all 64 finished with [DONE]")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_backs_off_and_recovers():
+    """At the process's descriptor limit, accept fails (EMFILE): the server
+    waits before retrying instead of spinning, and serves again once the
+    header timeout has closed the idle connections."""
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    with Server("--max-connections", "1000", "--header-timeout", "3", preexec_fn=low_fd_limit) as s:
+        conns = [connect(s.port, None, 5) for _ in range(100)]
+        time.sleep(0.5)
+        c0 = cpu_seconds(s.proc.pid)
+        time.sleep(2)
+        spent = cpu_seconds(s.proc.pid) - c0
+        for c in conns:
+            c.close()
+        deadline, status = time.time() + 15, None
+        while time.time() < deadline:
+            try:
+                status, _, _ = one(s.port, raw_request("GET", "/health"), timeout=5)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        print(f"hostile: at the descriptor limit the server used {spent:.2f} s of CPU in 2 s")
+        assert spent < 0.5
+        assert status == 200
+
+
+def test_second_signal_exits_at_once():
+    with Server() as s:
+        c = connect(s.port, NORMAL_SRC, 60)
+        c.sendall(raw_request("POST", "/v1/completions",
+                              completion_body("A long story:", max_tokens=3000, stream=True,
+                                              ignore_eos=True)))
+        assert c.recv(65536)
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGINT)
+        rc = s.proc.wait(timeout=10)
+        c.close()
+        assert rc == 130 and time.time() - t0 < 5
