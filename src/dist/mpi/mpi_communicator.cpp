@@ -1,0 +1,261 @@
+// The "mpi" communicator: the processes of MPI_COMM_WORLD, over a duplicate
+// of it (so that kvant's messages never match another library's), through
+// MPI's C API.
+//
+// Errors: the duplicate's error handler is MPI_ERRORS_RETURN, so a failed
+// call returns its code instead of aborting inside MPI, and each operation
+// turns a code other than MPI_SUCCESS into a kvant Error naming the
+// operation, the MPI function, this rank and MPI_Error_string's text. (The
+// one call before that, MPI_Comm_dup, runs under MPI_COMM_WORLD's handler,
+// which kvant leaves as it finds it: by default MPI aborts the job with its
+// own message.)
+//
+// all_reduce_sum is a reduce-scatter then an all-gather, written out with
+// MPI_Alltoallv and MPI_Allgatherv rather than MPI_Allreduce:
+//  1. the elements are cut into size() chunks; rank r owns chunk r and
+//     receives every rank's contribution to it (MPI_Alltoallv), in rank
+//     order, into its scratch;
+//  2. it sums them in rank order, x_0 + x_1 + ... + x_{N-1}, one element at
+//     a time (the compiler does not reassociate float additions without
+//     -ffast-math, which kvant does not use);
+//  3. every rank receives every chunk's sum verbatim (MPI_Allgatherv).
+// So each element has one order of additions, fixed by rank order alone,
+// and every rank holds the owner's bits. MPI_Allreduce gives neither: Open
+// MPI picks its algorithm (recursive doubling, ring, Rabenseifner, ...) by
+// message size and rank count, each adds in its own order (a ring's order
+// even differs from chunk to chunk), and a non-commutative user operation
+// still allows MPI to regroup the additions. The cost is the ring's: each
+// rank sends and receives (N-1)/N of the vector in each of the two phases.
+#include "dist/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+
+namespace kvant::dist {
+namespace {
+
+// MPI starts once per process and cannot start again after MPI_Finalize.
+// The runtime is shared by every "mpi" communicator alive; the last one to
+// go finalises it, if kvant was the one that initialised it (a host program
+// that initialised MPI itself keeps it).
+class MpiRuntime {
+ public:
+  static Result<std::shared_ptr<MpiRuntime>> acquire();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  ~MpiRuntime() {
+    if (owns_) MPI_Finalize();
+  }
+
+ private:
+  MpiRuntime() = default;
+  bool owns_ = false;
+};
+
+std::string mpi_message(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(text, size_t(len)) + " (MPI error " + std::to_string(rc) + ")";
+}
+
+Result<std::shared_ptr<MpiRuntime>> MpiRuntime::acquire() {
+  static std::mutex mu;
+  static std::weak_ptr<MpiRuntime> current;
+  std::lock_guard lock(mu);
+  if (auto rt = current.lock()) return rt;
+  int finalized = 0, initialized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized)
+    return make_error(
+        "communicator 'mpi': MPI was finalised in this process and cannot start again "
+        "(keep one communicator for the life of the process)");
+  MPI_Initialized(&initialized);
+  std::shared_ptr<MpiRuntime> rt(new MpiRuntime());
+  int provided = 0;
+  if (!initialized) {
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS)
+      return make_error("communicator 'mpi': MPI_Init_thread failed: " + mpi_message(rc));
+    rt->owns_ = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  // The engine calls MPI from the thread that created the communicator,
+  // while other threads compute: MPI_THREAD_FUNNELED at least.
+  if (provided < MPI_THREAD_FUNNELED)
+    return make_error("communicator 'mpi': this MPI provides thread level " +
+                      std::to_string(provided) + ", below MPI_THREAD_FUNNELED");
+  current = rt;
+  return rt;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, int rank, int size)
+      : runtime_(std::move(runtime)),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        send_counts_(size_t(size)),
+        send_displs_(size_t(size)),
+        recv_counts_(size_t(size)),
+        recv_displs_(size_t(size)) {}
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  // Frees the duplicate before the runtime (a member, released after the
+  // body) may finalise MPI.
+  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+
+  Result<void> all_reduce_sum(std::span<float> data) override;
+  Result<void> all_gather(std::span<const std::byte> in, std::span<std::byte> out) override;
+  Result<void> all_to_all_v(std::span<const std::byte> send, std::span<const size_t> send_counts,
+                            std::span<std::byte> recv,
+                            std::span<const size_t> recv_counts) override;
+  Result<void> broadcast(std::span<std::byte> data, int root) override;
+  Result<void> barrier() override;
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(comm_, code);
+    std::abort();  // MPI_Abort does not return; this is for the compiler
+  }
+
+ private:
+  // An Error for a failed MPI call, or nothing for MPI_SUCCESS.
+  Result<void> check(int rc, const char* op, const char* call) const {
+    if (rc == MPI_SUCCESS) return {};
+    return make_error("communicator 'mpi', rank " + std::to_string(rank_) + " of " +
+                      std::to_string(size_) + ": " + op + ": " + call +
+                      " failed: " + mpi_message(rc));
+  }
+  // MPI counts and displacements are ints: a larger message is an error
+  // here (naming it), not a silent truncation inside MPI.
+  Result<void> too_large(const char* op, size_t n, const char* unit) const {
+    return make_error("communicator 'mpi', rank " + std::to_string(rank_) + ": " + op + ": " +
+                      std::to_string(n) + " " + unit + " pass MPI's int counts; split the call");
+  }
+
+  std::shared_ptr<MpiRuntime> runtime_;
+  MPI_Comm comm_;
+  int rank_, size_;
+  // Per-rank counts and displacements for the v-collectives, sized once.
+  std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
+  // The contributions to this rank's chunk of an all-reduce; grows to the
+  // largest call seen.
+  std::vector<float> scratch_;
+};
+
+Result<void> MpiCommunicator::all_reduce_sum(std::span<float> data) {
+  const size_t n = data.size();
+  if (n == 0 || size_ == 1) return {};
+  const size_t N = size_t(size_);
+  if (n + N > size_t(INT_MAX)) return too_large("all_reduce_sum", n, "floats");
+  // Chunk r is [n*r/N, n*(r+1)/N): sizes differ by one at most.
+  auto chunk_begin = [&](size_t r) { return int(n * r / N); };
+  const int mine = chunk_begin(size_t(rank_) + 1) - chunk_begin(size_t(rank_));
+  for (size_t r = 0; r < N; ++r) {
+    send_displs_[r] = chunk_begin(r);
+    send_counts_[r] = chunk_begin(r + 1) - chunk_begin(r);
+    recv_counts_[r] = mine;
+    recv_displs_[r] = int(r) * mine;
+  }
+  if (scratch_.size() < N * size_t(mine)) scratch_.resize(N * size_t(mine));
+  KV_TRY(check(
+      MPI_Alltoallv(data.data(), send_counts_.data(), send_displs_.data(), MPI_FLOAT,
+                    scratch_.data(), recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, comm_),
+      "all_reduce_sum", "MPI_Alltoallv"));
+  float* out = data.data() + chunk_begin(size_t(rank_));
+  const float* x = scratch_.data();
+  for (int i = 0; i < mine; ++i) out[i] = x[i];
+  for (size_t s = 1; s < N; ++s) {
+    const float* xs = x + s * size_t(mine);
+    for (int i = 0; i < mine; ++i) out[i] += xs[i];
+  }
+  // Chunk r's sum, from its owner, to everyone: counts and displacements
+  // are the chunks', as sent above.
+  return check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), send_counts_.data(),
+                              send_displs_.data(), MPI_FLOAT, comm_),
+               "all_reduce_sum", "MPI_Allgatherv");
+}
+
+Result<void> MpiCommunicator::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+  KV_CHECK_EQ(out.size(), in.size() * size_t(size_));
+  if (in.empty()) return {};
+  if (out.size() > size_t(INT_MAX)) return too_large("all_gather", out.size(), "bytes");
+  const int n = int(in.size());
+  return check(MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, comm_), "all_gather",
+               "MPI_Allgather");
+}
+
+Result<void> MpiCommunicator::all_to_all_v(std::span<const std::byte> send,
+                                           std::span<const size_t> send_counts,
+                                           std::span<std::byte> recv,
+                                           std::span<const size_t> recv_counts) {
+  KV_CHECK_EQ(send_counts.size(), size_t(size_));
+  KV_CHECK_EQ(recv_counts.size(), size_t(size_));
+  size_t send_at = 0, recv_at = 0;
+  for (size_t r = 0; r < size_t(size_); ++r) {
+    if (send_at + send_counts[r] > size_t(INT_MAX))
+      return too_large("all_to_all_v", send_at + send_counts[r], "bytes to send");
+    if (recv_at + recv_counts[r] > size_t(INT_MAX))
+      return too_large("all_to_all_v", recv_at + recv_counts[r], "bytes to receive");
+    send_displs_[r] = int(send_at);
+    send_counts_[r] = int(send_counts[r]);
+    recv_displs_[r] = int(recv_at);
+    recv_counts_[r] = int(recv_counts[r]);
+    send_at += send_counts[r];
+    recv_at += recv_counts[r];
+  }
+  KV_CHECK_LE(send_at, send.size());
+  KV_CHECK_LE(recv_at, recv.size());
+  return check(
+      MPI_Alltoallv(send.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE, recv.data(),
+                    recv_counts_.data(), recv_displs_.data(), MPI_BYTE, comm_),
+      "all_to_all_v", "MPI_Alltoallv");
+}
+
+Result<void> MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
+  KV_CHECK_GE(root, 0);
+  KV_CHECK_LT(root, size_);
+  if (data.empty()) return {};
+  if (data.size() > size_t(INT_MAX)) return too_large("broadcast", data.size(), "bytes");
+  return check(MPI_Bcast(data.data(), int(data.size()), MPI_BYTE, root, comm_), "broadcast",
+               "MPI_Bcast");
+}
+
+Result<void> MpiCommunicator::barrier() {
+  return check(MPI_Barrier(comm_), "barrier", "MPI_Barrier");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> make_mpi_communicator() {
+  auto runtime = MpiRuntime::acquire();
+  if (!runtime) return runtime.error();
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rc != MPI_SUCCESS)
+    return make_error("communicator 'mpi': MPI_Comm_dup failed: " + mpi_message(rc));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  return std::unique_ptr<Communicator>(
+      new MpiCommunicator(std::move(runtime.value()), comm, rank, size));
+}
+
+bool built_with_mpi() { return true; }
+
+}  // namespace kvant::dist
