@@ -150,8 +150,12 @@ class Backend {
   virtual void begin_step(const StepPlan& plan) = 0;
 
   // --- Rows ---
-  // out.row(i) = table row tokens[i] * scale, i < out.rows.
-  virtual void embed(const Matrix& table, const int32_t* tokens, float scale, F32 out) = 0;
+  // out.row(i) = table row (tokens[i] - row0) * scale, i < out.rows: the
+  // table holds ids [row0, row0 + table.rows) (the whole vocabulary, or one
+  // rank's slice under tensor parallelism); a token outside them gets a row
+  // of zeros (its rank's peer supplies it, summed by an all-reduce).
+  virtual void embed(const Matrix& table, int64_t row0, const int32_t* tokens, float scale,
+                     F32 out) = 0;
   // y = x * rsqrt(mean(x^2) + eps) * w per row (y may be x).
   virtual void rmsnorm(CF32 x, const float* w, float eps, F32 y) = 0;
   // The same over `heads` consecutive head_dim slices of every row, in place.

@@ -44,6 +44,10 @@ int run_generate(const GenOpts& o) {
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
+  if (eng.rank() != 0) {  // a follower of rank 0's engine (mpirun, --tp / --ep)
+    auto r = eng.follow();
+    return r ? 0 : fail(r.error().message);
+  }
   const Tokenizer& tok = eng.tokenizer();
 
   std::vector<int32_t> ids;

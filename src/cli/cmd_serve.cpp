@@ -2,6 +2,7 @@
 // engine built from the shared engine flags. Resolves the chat template here
 // (the server layer sees only the engine) and hands it over as a function
 // from messages to prompt tokens.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -64,6 +65,15 @@ int run_serve(const ServeOpts& o) {
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
+  if (eng.rank() != 0) {
+    // A follower: rank 0 serves HTTP and decides when to stop (its engine
+    // tells the others as it goes). A SIGTERM or SIGINT sent to a follower is
+    // ignored so that rank 0's drain can still run its steps.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+    auto r = eng.follow();
+    return r ? 0 : fail(r.error().message);
+  }
 
   server::ServerOptions so;
   so.host = o.host;

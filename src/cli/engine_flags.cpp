@@ -1,5 +1,9 @@
 #include "cli/engine_flags.h"
 
+#include <algorithm>
+
+#include "dist/communicator.h"
+
 #include "engine/kv_plan.h"
 
 namespace kvant::cli {
@@ -48,6 +52,17 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
   cmd->add_option("--debug-inject-faults", f.debug_inject_faults,
                   "debug: every N steps free a running request's page behind its back (0 = off)")
       ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--tp", f.tp,
+                  "tensor-parallel ranks: 1, or the process count under mpirun -np N")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--ep", f.ep,
+                  "expert-parallel ranks: 1, or the process count under mpirun -np N "
+                  "(with --tp N too, experts split over the TP ranks)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--dist-timeout", f.dist_timeout,
+                  "seconds a collective waits for a peer rank before every rank stops with a "
+                  "message (0 = for ever)")
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--debug-throw-step", f.debug_throw_step,
                   "debug: step N throws out of memory inside its forward (0 = off)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
@@ -96,6 +111,25 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.debug_invariants = f.debug_invariants;
   o.debug_fault_interval = f.debug_inject_faults;
   o.debug_throw_step = f.debug_throw_step;
+  o.tp = f.tp;
+  o.ep = f.ep;
+  const bool mpi = dist::launched_by_mpirun();
+  if (mpi || f.tp > 1 || f.ep > 1) {
+    if (!mpi)
+      return make_error("--tp " + std::to_string(f.tp) + " --ep " + std::to_string(f.ep) +
+                        " runs one process per rank: start it with mpirun -np " +
+                        std::to_string(std::max(f.tp, f.ep)) + " (README: Running on several processes)");
+    auto comm = dist::make_communicator("mpi");
+    if (!comm) return comm.error();
+    const int n = (*comm)->size();
+    if (n > 1 && f.tp == 1 && f.ep == 1)
+      return make_error("mpirun started " + std::to_string(n) +
+                        " processes, but neither --tp nor --ep is " + std::to_string(n) +
+                        ": each process would serve the whole model alone");
+    (*comm)->set_timeout(f.dist_timeout);
+    o.comm = std::shared_ptr<dist::Communicator>(std::move(*comm));
+    if (o.comm->rank() != 0) o.log_capacity = false;
+  }
   return o;
 }
 

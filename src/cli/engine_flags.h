@@ -31,6 +31,10 @@ struct EngineFlags {
   std::string prefill_weights = "native", decode_weights = "native";
   int int4_group = 128;
   bool int4_lm_head = false;
+  // Under mpirun: tensor / expert parallelism over its processes, and how
+  // long a collective may wait for a peer before every rank stops.
+  int tp = 1, ep = 1;
+  double dist_timeout = 30;
 };
 
 // `with_model` false when the command registers -m itself.

@@ -52,8 +52,13 @@ class LocalCommunicator final : public Communicator {
   }
 
   Result<void> barrier() override { return {}; }
+  void set_timeout(double seconds) override { timeout_ = seconds; }
+  double timeout() const override { return timeout_; }
 
   [[noreturn]] void abort(int code) override { std::exit(code); }
+
+ private:
+  double timeout_ = 0;
 };
 
 }  // namespace

@@ -16,8 +16,9 @@
 //    count, and a scalar loop is its reference.
 //  - Buffers of one call do not overlap each other (except where a call
 //    works in place on one buffer).
-//  - One thread drives a communicator: the thread that created it (MPI is
-//    initialised MPI_THREAD_FUNNELED; the engine steps from one thread).
+//  - One thread at a time calls a communicator (MPI is initialised
+//    MPI_THREAD_SERIALIZED: the server steps its engine on a thread other
+//    than the one that created it).
 //  - A call returns an error when the transport fails (naming the call,
 //    the MPI function, this rank and the library's own message). The
 //    communicator is then unusable and the peers are probably blocked in
@@ -63,6 +64,13 @@ class Communicator {
   virtual Result<void> broadcast(std::span<std::byte> data, int root) = 0;
 
   virtual Result<void> barrier() = 0;
+
+  // A collective that has not completed this many seconds after it began
+  // fails (the error names the call): a peer that died or hangs ends in a
+  // message, not a wait for ever. 0 (the default): no limit. Local: never
+  // waits, so the limit is kept and has nothing to bound.
+  virtual void set_timeout(double seconds) = 0;
+  virtual double timeout() const = 0;
 
   // Ends every rank of the job with `code` (MPI_Abort for MPI): what a rank
   // does after an error, since its peers would otherwise wait in their next

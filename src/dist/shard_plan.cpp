@@ -53,36 +53,63 @@ Result<void> check_ranks(int tp, int tp_rank, int ep, int ep_rank, int64_t align
   return {};
 }
 
+// Piece `index` of `parts` over [0, n) in units of 1: the first n % parts
+// pieces one longer.
+Range split_even(int64_t n, int64_t parts, int64_t index) {
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t first = index * base + std::min(index, extra);
+  return {first, first + base + (index < extra ? 1 : 0)};
+}
+
 // Query heads and KV heads (or the MLA latent) of this rank.
 Result<void> plan_attention(const ModelConfig& c, ShardPlan& p) {
   const int64_t tp = p.tp, r = p.tp_rank;
   if (c.heads < 1) return plan_error("heads must be positive, got " + num(c.heads));
-  if (c.heads % tp != 0)
-    return plan_error("heads " + num(c.heads) + " is not a multiple of tp " + num(tp));
-  const int64_t hq = c.heads / tp;
-  p.q_heads = {r * hq, (r + 1) * hq};
-  p.attn_out_aligned = (hq * (c.mla() ? c.v_head_dim : c.head_dim)) % p.align == 0;
+  auto set_out_aligned = [&] {
+    const int64_t w = c.mla() ? c.v_head_dim : c.head_dim;
+    p.attn_out_aligned = (p.q_heads.begin * w) % p.align == 0 &&
+                         (p.q_heads.end == c.heads || (p.q_heads.end * w) % p.align == 0);
+  };
   if (c.mla()) {
+    // Heads as evenly as they go (the first heads % tp ranks one more).
+    if (c.heads < tp)
+      return plan_error("heads " + num(c.heads) + " is fewer than tp " + num(tp));
+    p.q_heads = split_even(c.heads, tp, r);
     p.kv_heads = {0, 1};
     p.kv_replicas = tp;
     p.mla_latent_replicated = true;
+    set_out_aligned();
     return {};
   }
   const int64_t kv = c.kv_heads;
   if (kv < 1) return plan_error("kv_heads must be positive, got " + num(kv));
-  if (kv >= tp && kv % tp == 0) {
-    const int64_t k = kv / tp;
-    p.kv_heads = {r * k, (r + 1) * k};
+  if (c.heads % kv != 0)
+    return plan_error("heads " + num(c.heads) + " is not a multiple of kv_heads " + num(kv));
+  const int64_t group = c.heads / kv;
+  if (kv >= tp) {
+    // Whole KV groups (a KV head and the query heads that read it), as
+    // evenly as they go: 3 KV heads over 2 ranks hold 2 and 1.
+    p.kv_heads = split_even(kv, tp, r);
+    p.q_heads = {p.kv_heads.begin * group, p.kv_heads.end * group};
     p.kv_replicas = 1;
-  } else if (kv < tp && tp % kv == 0) {
+    set_out_aligned();
+    return {};
+  }
+  if (c.heads % tp != 0)
+    return plan_error("heads " + num(c.heads) + " is not a multiple of tp " + num(tp) +
+                      " (with fewer KV heads than ranks, query heads split evenly)");
+  const int64_t hq = c.heads / tp;
+  p.q_heads = {r * hq, (r + 1) * hq};
+  set_out_aligned();
+  if (tp % kv == 0) {
     // Ranks [h * tp/kv, (h+1) * tp/kv) all serve query heads of group h.
     const int64_t replicas = tp / kv, h = r / replicas;
     p.kv_heads = {h, h + 1};
     p.kv_replicas = replicas;
   } else {
     return plan_error("kv_heads " + num(kv) + " and tp " + num(tp) +
-                      ": one must divide the other (kv_heads/tp KV heads per rank, or each KV "
-                      "head replicated over tp/kv_heads ranks)");
+                      ": with fewer KV heads than ranks, kv_heads must divide tp (each KV head "
+                      "replicated over tp/kv_heads ranks)");
   }
   return {};
 }
@@ -184,6 +211,16 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& c, int tp, int tp_rank, int
   p.vocab = {std::min(c.vocab, tp_rank * p.vocab_per_rank),
              std::min(c.vocab, (tp_rank + 1) * p.vocab_per_rank)};
   return p;
+}
+
+ModelConfig local_config(const ModelConfig& c, const ShardPlan& p) {
+  ModelConfig l = c;
+  l.heads = p.q_heads.size();
+  if (!c.mla()) l.kv_heads = p.kv_heads.size();
+  if (p.ffn.size() > 0) l.ffn = p.ffn.size();
+  if (p.moe_ffn.size() > 0) l.moe_ffn = p.moe_ffn.size();
+  if (p.shared_ffn.size() > 0) l.moe_shared_ffn = p.shared_ffn.size();
+  return l;
 }
 
 int64_t shard_weight_params(const ModelConfig& c, const ShardPlan& p) {

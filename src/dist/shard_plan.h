@@ -5,14 +5,17 @@
 // tensor names.
 //
 // The split, Megatron-style (the layout vLLM and SGLang use):
-//  - Attention: query heads divided evenly over the tp ranks (q rows and the
-//    output projection's matching input columns). KV heads:
-//      kv_heads >= tp: kv_heads/tp contiguous heads per rank;
-//      kv_heads <  tp: each rank holds one KV head, the one its query heads
-//        read, so every KV head is replicated over tp/kv_heads ranks (as
+//  - Attention: whole KV groups (a KV head and the query heads that read
+//    it) per rank: q rows, the output projection's matching input columns.
+//      kv_heads >= tp: contiguous KV heads, as evenly as they go (the first
+//        kv_heads % tp ranks one more: SmolLM2-135M's 3 over 2 ranks are 2
+//        and 1), so models whose head counts tp does not divide still run;
+//      kv_heads <  tp: query heads split evenly, each rank holds the one KV
+//        head its query heads read, replicated over tp/kv_heads ranks (as
 //        vLLM does for GQA models with fewer KV heads than ranks).
-//    This agrees with engine/kv_plan (kv_heads_per_rank = ceil(kv_heads/tp)).
-//  - MLA (DeepSeek-V3, Kimi K2, GLM-5): query heads divided (q / q_b rows,
+//    engine/kv_plan sizes pages for the largest share, ceil(kv_heads/tp).
+//  - MLA (DeepSeek-V3, Kimi K2, GLM-5): query heads divided as evenly as
+//    they go (q / q_b rows,
 //    kv_b's per-head rows, o's columns); the latent row (kv_a, its norm and
 //    the cache row kv_lora_rank + qk_rope_dim) is replicated on every rank.
 //    Every head reads the whole latent, so splitting it would need a gather
@@ -77,6 +80,12 @@ struct ShardPlan {
 // ranks out of range, tp or ep below 1.
 Result<ShardPlan> make_shard_plan(const ModelConfig& c, int tp, int tp_rank, int ep, int ep_rank,
                                   int64_t align = 128);
+
+// The sizes rank p computes with: heads, kv_heads, ffn, moe_ffn and
+// moe_shared_ffn of its share; everything else (vocab, hidden, n_experts,
+// the latent, the indexer) as in c. The model runs its forward over these,
+// all-reducing after the row-parallel products.
+ModelConfig local_config(const ModelConfig& c, const ShardPlan& p);
 
 // Checkpoint parameters (the logical tensors, before any fusion) that a rank
 // of plan p holds: every layer's products per the plan, the embedding and an

@@ -20,7 +20,9 @@
 
 #include "core/check.h"
 #include "core/threads.h"
+#include "dist/communicator.h"
 #include "engine/model_runner.h"
+#include "engine/request_codec.h"
 #include "engine/scheduler.h"
 #include "engine/weight_options.h"
 #include "io/gguf.h"
@@ -120,6 +122,14 @@ struct Engine::Impl {
 };
 
 Engine::~Engine() {
+  // Rank 0 of a distributed engine tells the followers to stop.
+  if (distributed() && rank() == 0 && !shutdown_seen_) {
+    std::vector<std::unique_ptr<Req>> none;
+    std::vector<RequestId> no_cancels;
+    shutdown_seen_ = true;
+    auto r = exchange_inputs(none, no_cancels);
+    if (!r) std::fprintf(stderr, "kvant: telling the other ranks to stop: %s\n", r.error().message.c_str());
+  }
   // Sequences release their pages in the scheduler's destructor, which must
   // run before the index and the pool go.
   scheduler_.reset();
@@ -138,6 +148,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
                       std::to_string(o.page_tokens));
   if (o.max_step_tokens <= 0 || o.max_running <= 0)
     return make_error("engine: max_step_tokens and max_running must be positive");
+  {
+    const int n = o.comm ? o.comm->size() : 1;
+    if ((o.tp != 1 && o.tp != n) || (o.ep != 1 && o.ep != n) || std::max(o.tp, o.ep) != n)
+      return make_error("engine: " + std::to_string(n) + " process(es) run --tp " +
+                        std::to_string(o.tp) + " --ep " + std::to_string(o.ep) +
+                        ": each must be 1 or the number of processes (mpirun -np), and one of "
+                        "them that number");
+  }
 
   // Load on a thread of its own. Its OpenMP workers go away with it, so the
   // caller's thread keeps no idle team: a server that creates the engine on
@@ -158,9 +176,32 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
       return;
     }
     files = *f;
-    m = Model::load(*files, *wo);
+    Parallelism par;
+    par.comm = o.comm.get();
+    par.tp = o.tp;
+    par.ep = o.ep;
+    m = Model::load(*files, *wo, par);
   });
   loader.join();
+  if (e->distributed()) {
+    // Every rank learns whether every other one loaded, so that one bad
+    // file or flag ends them all with a message rather than a wait. Ranks
+    // load at their own pace: the start-up collectives get ten minutes.
+    dist::Communicator& comm = *o.comm;
+    const double steady = comm.timeout();
+    comm.set_timeout(std::max(steady, 600.0));
+    const uint8_t ok = m ? 1 : 0;
+    std::vector<uint8_t> all(size_t(comm.size()));
+    auto r = comm.all_gather(std::as_bytes(std::span<const uint8_t>(&ok, 1)),
+                             std::as_writable_bytes(std::span<uint8_t>(all)));
+    comm.set_timeout(steady);
+    if (!r) return r.error();
+    if (!m) return m.error();
+    for (int q = 0; q < comm.size(); ++q)
+      if (!all[size_t(q)])
+        return make_error("engine: rank " + std::to_string(q) +
+                          " could not load the model (its own message says why)");
+  }
   if (!m) return m.error();
   e->model_ = std::move(*m);
   auto t = o.tokenizer_path.empty() ? load_tokenizer(*files, &e->chat_template_)
@@ -190,15 +231,20 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
       return make_error(s.error().message +
                         " (static FP8 KV scales come from `kvant calibrate-kv -m " + o.model_path +
                         "`; or use --kv-scale dynamic)");
-    if (s->layers != c.layers || s->kv_heads != c.cache_heads())
+    const int64_t all_heads = e->model_->full_config().cache_heads();
+    if (s->layers != c.layers || s->kv_heads != all_heads)
       return make_error("engine: " + path + " has scales for " + std::to_string(s->layers) +
                         " layers x " + std::to_string(s->kv_heads) + " KV heads; the model has " +
-                        std::to_string(c.layers) + " x " + std::to_string(c.cache_heads()));
+                        std::to_string(c.layers) + " x " + std::to_string(all_heads));
+    // This rank's KV heads of every layer (all of them in one process).
+    const dist::Range held = e->model_->shard().kv_heads;
     const float mf = kv_dtype_max_finite(o.kv_dtype);
-    for (size_t i = 0; i < s->k_amax.size(); ++i) {
-      po.static_k_scales.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
-      po.static_v_scales.push_back(s->v_amax[i] > 0 ? s->v_amax[i] / mf : 1.f);
-    }
+    for (int64_t l = 0; l < s->layers; ++l)
+      for (int64_t h = held.begin; h < held.end; ++h) {
+        const size_t i = size_t(l * all_heads + h);
+        po.static_k_scales.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
+        po.static_v_scales.push_back(s->v_amax[i] > 0 ? s->v_amax[i] / mf : 1.f);
+      }
   }
   int64_t budget = o.kv_memory_bytes;
   if (budget <= 0) {
@@ -210,6 +256,21 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   po.memory_bytes = budget;
   auto pool = PagePool::create(po);
   if (!pool) return pool.error();
+  if (e->distributed()) {
+    // Every rank schedules alike only with the same page count: the
+    // smallest rank's (ranks hold different KV heads, and read their own
+    // free memory at slightly different times).
+    const int64_t mine = (*pool)->num_pages();
+    std::vector<int64_t> all(size_t(o.comm->size()));
+    KV_TRY(o.comm->all_gather(std::as_bytes(std::span<const int64_t>(&mine, 1)),
+                              std::as_writable_bytes(std::span<int64_t>(all))));
+    const int64_t least = *std::min_element(all.begin(), all.end());
+    if (least != mine) {
+      po.num_pages = least;
+      pool = PagePool::create(po);
+      if (!pool) return pool.error();
+    }
+  }
   e->pool_ = std::move(*pool);
   if (o.prefix_caching) {
     PrefixIndexOptions io;
@@ -237,6 +298,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   cap.max_context = std::min(ctx, cap.tokens);
   // The workspace for the largest step, planned now so that steps allocate nothing.
   e->model_->reserve(o.max_step_tokens, cap.max_context);
+  if (e->distributed()) KV_TRY(e->check_ranks_agree());
   if (o.log_capacity) std::fprintf(stderr, "kvant: %s\n", describe(cap).c_str());
   if (o.log_capacity) {
     const Model& M = *e->model_;
@@ -342,13 +404,112 @@ void Engine::finish_request(Req& r, FinishReason reason, std::string_view error,
   pending_.fetch_sub(1);
 }
 
-void Engine::admit_inbox() {
+bool Engine::distributed() const { return options_.comm && options_.comm->size() > 1; }
+int Engine::rank() const { return options_.comm ? options_.comm->rank() : 0; }
+int Engine::ranks() const { return options_.comm ? options_.comm->size() : 1; }
+
+// Rank 0: one message per step, its size (8 bytes) then the encoded inputs,
+// both broadcast. Others: the same, received, turned into requests as
+// submit() made them on rank 0 (same ids, same clamped limits).
+Result<void> Engine::exchange_inputs(std::vector<std::unique_ptr<Req>>& fresh,
+                                     std::vector<RequestId>& cancels) {
+  dist::Communicator& comm = *options_.comm;
+  std::vector<std::byte> bytes;
+  uint64_t size = 0;
+  if (comm.rank() == 0) {
+    StepInputs in;
+    in.seq = ++input_seq_;
+    in.shutdown = shutdown_seen_;
+    for (const auto& r : fresh) {
+      Request copy = r->request;
+      copy.on_event = nullptr;
+      in.submitted.emplace_back(r->id, std::move(copy));
+    }
+    in.cancelled = cancels;
+    bytes = encode_step_inputs(in);
+    size = bytes.size();
+  }
+  KV_TRY(comm.broadcast(std::as_writable_bytes(std::span<uint64_t>(&size, 1)), 0));
+  bytes.resize(size_t(size));
+  KV_TRY(comm.broadcast(bytes, 0));
+  if (comm.rank() == 0) return {};
+  auto in = decode_step_inputs(bytes);
+  if (!in) return make_error("rank " + std::to_string(comm.rank()) + ": rank 0's step inputs: " +
+                             in.error().message);
+  if (in->seq != ++input_seq_)
+    return make_error("rank " + std::to_string(comm.rank()) + ": step inputs " +
+                      std::to_string(in->seq) + " arrived where " + std::to_string(input_seq_) +
+                      " was due");
+  if (in->shutdown) {
+    shutdown_seen_ = true;
+    return {};
+  }
+  for (auto& [id, r] : in->submitted) {
+    const int64_t n = int64_t(r.prompt.size());
+    auto req = std::make_unique<Req>(std::move(r), *tokenizer_);
+    req->id = id;
+    req->prompt_tokens = n;
+    pending_.fetch_add(1);
+    fresh.push_back(std::move(req));
+  }
+  cancels = std::move(in->cancelled);
+  return {};
+}
+
+Result<void> Engine::follow() {
+  if (!distributed() || rank() == 0)
+    return make_error("follow: only ranks other than 0 of a distributed engine follow");
+  while (!shutdown_seen_) KV_TRY(step());
+  return {};
+}
+
+// A digest of what decides every rank's behaviour: the checkpoint's config
+// and weight bytes per set, the engine options that steer scheduling and
+// numerics, the tokenizer's size. Ranks that differ would issue different
+// collectives and hang or compute garbage; they are refused at start.
+Result<void> Engine::check_ranks_agree() {
+  const ModelConfig& f = model_->full_config();
+  const EngineOptions& o = options_;
+  std::ostringstream s;
+  s << f.arch_name << ' ' << f.vocab << ' ' << f.hidden << ' ' << f.layers << ' ' << f.heads << ' '
+    << f.kv_heads << ' ' << f.head_dim << ' ' << f.ffn << ' ' << f.n_experts << ' ' << f.moe_ffn
+    << ' ' << f.moe_top_k << ' ' << f.kv_lora_rank << ' ' << f.max_positions << ' '
+    << f.rms_eps << ' ' << f.rope.theta << " | " << model_->set_precision(model_->prefill_set())
+    << ' ' << model_->set_precision(model_->decode_set()) << ' ' << o.prefill_weights << ' '
+    << o.decode_weights << ' ' << o.int4_group << ' ' << o.int4_lm_head << ' ' << int(o.kv_dtype)
+    << ' ' << int(o.kv_scale_mode) << ' ' << o.page_tokens << ' ' << o.max_step_tokens << ' '
+    << o.max_running << ' ' << o.max_context << ' ' << o.prefix_caching << ' '
+    << o.prefix_checksums << ' ' << o.integrity_checks << ' ' << o.debug_fault_interval << ' '
+    << o.debug_throw_step << ' ' << o.tp << ' ' << o.ep << ' ' << tokenizer_->vocab_size() << ' '
+    << capacity_.max_context;
+  const std::string text = s.str();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  dist::Communicator& comm = *options_.comm;
+  std::vector<uint64_t> all(size_t(comm.size()));
+  KV_TRY(comm.all_gather(std::as_bytes(std::span<const uint64_t>(&h, 1)),
+                         std::as_writable_bytes(std::span<uint64_t>(all))));
+  for (int r = 1; r < comm.size(); ++r)
+    if (all[size_t(r)] != all[0])
+      return make_error("engine: rank " + std::to_string(r) + " loaded a different model or runs "
+                        "different options than rank 0 (start-up digest " +
+                        std::to_string(all[size_t(r)]) + " vs " + std::to_string(all[0]) +
+                        "); start every rank with the same model files and flags. This rank's: " +
+                        text);
+  return {};
+}
+
+Result<void> Engine::admit_inbox() {
   std::vector<std::unique_ptr<Req>> fresh;
   std::vector<RequestId> cancels;
   {
     std::lock_guard<std::mutex> lk(inbox_mu_);
     fresh.swap(inbox_);
     cancels.swap(cancels_);
+  }
+  if (distributed()) {
+    KV_TRY(exchange_inputs(fresh, cancels));
+    if (shutdown_seen_) return {};
   }
   auto& I = *impl_;
   for (auto& rp : fresh) {
@@ -388,6 +549,7 @@ void Engine::admit_inbox() {
     finish_request(*it->second, FinishReason::Abort, "", true);
     I.reqs.erase(it);
   }
+  return {};
 }
 
 // The integrity pass over every (sequence, page, generation) the step
@@ -532,7 +694,8 @@ Result<bool> Engine::step() {
   // OpenMP's thread count is per calling thread; the stepping thread may not
   // be the one that created the engine.
   if (options_.threads > 0 && num_threads() != options_.threads) set_num_threads(options_.threads);
-  admit_inbox();
+  KV_TRY(admit_inbox());
+  if (shutdown_seen_ && rank() != 0) return false;
   auto& I = *impl_;
   auto& S = I.stats;
   if (options_.debug_fault_interval > 0 && (S.steps + 1) % options_.debug_fault_interval == 0) {

@@ -37,6 +37,9 @@
 
 namespace kvant {
 
+namespace dist {
+class Communicator;
+}
 class Model;
 class ModelRunner;
 class PagePool;
@@ -83,6 +86,16 @@ struct EngineOptions {
   // request behind its back (as a use-after-free bug would), so the
   // integrity pass can be watched catching it end to end.
   int64_t debug_fault_interval = 0;
+  // Tensor / expert parallelism over the processes of `comm` (mpirun): tp
+  // and ep are each 1 or comm's size (model/model.h, Parallelism). Rank 0
+  // leads: it takes submit() and cancel() and, at the start of every step,
+  // broadcasts what it accepted since the last one (engine/request_codec.h);
+  // the other ranks run follow(), replaying it, so every rank's scheduler
+  // makes the same decisions and every rank runs the same forward. Start-up
+  // checks that every rank loaded the same model with the same options, and
+  // gives every rank the smallest rank's KV page count. Null comm: one process.
+  std::shared_ptr<dist::Communicator> comm;
+  int tp = 1, ep = 1;
   // Debug only, off by default: step N (1-based) throws std::bad_alloc
   // inside its forward, so the failure path (the step's requests fail, the
   // engine goes on) can be watched end to end.
@@ -194,6 +207,14 @@ class Engine {
   void fail_all(std::string_view message);
   // Steps until no request is left.
   Result<void> run_until_idle();
+  // Ranks other than 0 of a distributed engine: steps as rank 0 does, with
+  // its inputs, until rank 0's engine goes away (its destructor says so) or
+  // the transport fails (an error naming it; a peer that stops answering
+  // within the communicator's timeout is one).
+  Result<void> follow();
+  // This process's rank and the number of ranks (0 and 1 alone).
+  int rank() const;
+  int ranks() const;
   bool idle() const;
 
   EngineStats stats() const;
@@ -207,7 +228,15 @@ class Engine {
   uint64_t sequence_of(RequestId id) const;
   struct Req;
   Engine() = default;
-  void admit_inbox();
+  Result<void> admit_inbox();
+  // Distributed: rank 0 sends its step inputs, the others receive and queue
+  // them (setting shutdown_seen_ when rank 0 has gone).
+  Result<void> exchange_inputs(std::vector<std::unique_ptr<Req>>& fresh,
+                               std::vector<RequestId>& cancels);
+  Result<void> check_ranks_agree();
+  bool distributed() const;
+  bool shutdown_seen_ = false;
+  uint64_t input_seq_ = 0;
   void finish_request(Req& r, FinishReason reason, std::string_view error, bool in_scheduler,
                       ErrorCode code = ErrorCode::kEngine);
   void emit(Req& r, int32_t token, std::string_view text, const StepLogprobs* lp,

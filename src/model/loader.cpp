@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "core/threads.h"
@@ -32,6 +33,57 @@ namespace {
 
 using archs::Naming;
 
+// Rows or columns of a checkpoint tensor this process holds (tensor
+// parallelism): [begin, end); end < 0: to the end.
+struct Keep {
+  int64_t begin = 0, end = -1;
+  int64_t stop(int64_t n) const { return end < 0 ? n : end; }
+  int64_t size(int64_t n) const { return stop(n) - begin; }
+  bool all(int64_t n) const { return begin == 0 && stop(n) == n; }
+};
+Keep keep(const dist::Range& r, int64_t unit = 1) { return {r.begin * unit, r.end * unit}; }
+
+// One checkpoint tensor of a product: its name, its rows in the file, and
+// the rows kept.
+struct Part {
+  std::string name;
+  int64_t rows = 0;
+  Keep rows_kept = {};
+};
+
+std::vector<float> slice_f32(std::vector<float> v, int64_t rows, int64_t cols, Keep r, Keep c) {
+  if (r.all(rows) && c.all(cols)) return v;
+  const int64_t nr = r.size(rows), nc = c.size(cols);
+  std::vector<float> out(size_t(nr * nc));
+  for (int64_t i = 0; i < nr; ++i)
+    std::copy_n(v.data() + (r.begin + i) * cols + c.begin, nc, out.data() + i * nc);
+  return out;
+}
+
+// Rows and columns of a quantized tensor; columns only at group boundaries
+// (the end may be the tensor's own, after a short last group).
+Result<Int4Weight> slice_int4(Int4Weight w, Keep r, Keep c, const std::string& what) {
+  if (r.all(w.rows) && c.all(w.cols)) return w;
+  const int64_t c1 = c.stop(w.cols), g = w.group;
+  if (c.begin % g != 0 || (c1 != w.cols && c1 % g != 0))
+    return make_error(what + ": columns [" + std::to_string(c.begin) + ", " + std::to_string(c1) +
+                      ") of this rank split its INT4 groups of " + std::to_string(g));
+  const int64_t ng = (w.cols + g - 1) / g, g0 = c.begin / g, g1 = (c1 + g - 1) / g;
+  Int4Weight o;
+  o.rows = r.size(w.rows), o.cols = c1 - c.begin, o.group = g;
+  o.q.resize(size_t(o.rows * o.cols));
+  o.scale.resize(size_t(o.rows * (g1 - g0)));
+  if (!w.zero.empty()) o.zero.resize(o.scale.size());
+  for (int64_t i = 0; i < o.rows; ++i) {
+    const int64_t src = r.begin + i;
+    std::copy_n(w.q.data() + src * w.cols + c.begin, o.cols, o.q.data() + i * o.cols);
+    std::copy_n(w.scale.data() + src * ng + g0, g1 - g0, o.scale.data() + i * (g1 - g0));
+    if (!w.zero.empty())
+      std::copy_n(w.zero.data() + src * ng + g0, g1 - g0, o.zero.data() + i * (g1 - g0));
+  }
+  return o;
+}
+
 // Tensor names by role, from the shared table (model/archs/tensor_names.h).
 struct Names {
   Naming naming;
@@ -45,8 +97,21 @@ struct Names {
 class Loader {
  public:
   Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming, bool int4,
-         const WeightSetOptions& opts, const backend::Backend& be)
-      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts), be_(be) {}
+         const WeightSetOptions& opts, const backend::Backend& be, const dist::ShardPlan& plan)
+      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts), be_(be) {
+    if (plan.tp > 1 || plan.ep > 1) sp_ = &plan;
+  }
+
+  // What this rank keeps of each sliced dimension (everything without a plan).
+  Keep q_rows(int64_t per_head) const { return sp_ ? keep(sp_->q_heads, per_head) : Keep{}; }
+  Keep kv_rows() const { return sp_ ? keep(sp_->kv_heads, cfg_.head_dim) : Keep{}; }
+  Keep ffn_keep() const { return sp_ ? keep(sp_->ffn) : Keep{}; }
+  Keep shared_keep() const { return sp_ ? keep(sp_->shared_ffn) : Keep{}; }
+  Keep moe_keep() const { return sp_ ? keep(sp_->moe_ffn) : Keep{}; }
+  Keep vocab_rows() const { return sp_ ? keep(sp_->vocab) : Keep{}; }
+  bool owns_expert(int64_t e) const {
+    return !sp_ || (e >= sp_->experts.begin && e < sp_->experts.end);
+  }
 
   Result<std::vector<float>> f32(const std::string& name, std::vector<int64_t> shape) {
     const TensorRef* t = src_.find(name);
@@ -85,23 +150,30 @@ class Loader {
   // are quantized with RTN (a short last group where the group size does
   // not divide the input size). A product whose input size is not a
   // multiple of 32 stays BF16.
-  Result<void> product(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
-                       Matrix& m, Q4Matrix& m4, bool quantize,
-                       const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
+  //
+  // Under tensor parallelism each part keeps its rows_kept and the product
+  // the columns `cols_kept` (a stored INT4 tensor is sliced at its group
+  // boundaries; an FP32 one is sliced, then quantized).
+  Result<void> product(const std::vector<Part>& parts, int64_t cols, Matrix& m, Q4Matrix& m4,
+                       bool quantize,
+                       const std::function<void(size_t, std::vector<float>&)>& transform = {},
+                       Keep cols_kept = {}) {
     bool stored_int4 = true;
-    for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.first);
+    for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.name);
+    const int64_t kc = cols_kept.size(cols);
     // (A stored INT4 product whose input size the kernels cannot take is
     // dequantized to BF16.)
-    if (!quantize || cols % kInt4Block != 0) {
-      auto r = matrix(parts, cols, transform);
+    if (!quantize || kc % kInt4Block != 0) {
+      auto r = matrix(parts, cols, transform, cols_kept);
       if (!r) return r.error();
       m = std::move(*r);
       return {};
     }
     Int4Weight all;
-    all.cols = cols;
+    all.cols = kc;
     for (size_t i = 0; i < parts.size(); ++i) {
-      const auto& [name, rows] = parts[i];
+      const std::string& name = parts[i].name;
+      const int64_t rows = parts[i].rows;
       Int4Weight w;
       if (stored_int4) {
         auto r = read_int4_weight(src_, base_of(name));
@@ -111,27 +183,31 @@ class Loader {
                             std::to_string(r->rows) + ", " + std::to_string(r->cols) +
                             "], expected " + fmt({rows, cols}));
         if (transform) return make_error(src_.path() + ": " + base_of(name) + ": INT4 rows cannot be permuted");
-        w = std::move(*r);
+        auto s = slice_int4(std::move(*r), parts[i].rows_kept, cols_kept,
+                            src_.path() + ": " + base_of(name));
+        if (!s) return s.error();
+        w = std::move(*s);
       } else {
         auto v = f32(name, {rows, cols});
         if (!v) return v.error();
         if (transform) transform(i, *v);
-        w = rtn_quantize(v->data(), rows, cols, opts_.int4_group, false);
+        const std::vector<float> k = slice_f32(std::move(*v), rows, cols, parts[i].rows_kept, cols_kept);
+        w = rtn_quantize(k.data(), parts[i].rows_kept.size(rows), kc, opts_.int4_group, false);
       }
       if (i == 0) {
         all.group = w.group;
       } else if (w.group != all.group || w.zero.empty() != all.zero.empty()) {
         return make_error(src_.path() + ": " + base_of(name) + " is quantized unlike " +
-                          base_of(parts[0].first) + " (group " + std::to_string(w.group) + " vs " +
+                          base_of(parts[0].name) + " (group " + std::to_string(w.group) + " vs " +
                           std::to_string(all.group) + "); they are fused into one product");
       }
-      all.rows += rows;
+      all.rows += w.rows;
       all.q.insert(all.q.end(), w.q.begin(), w.q.end());
       all.scale.insert(all.scale.end(), w.scale.begin(), w.scale.end());
       all.zero.insert(all.zero.end(), w.zero.begin(), w.zero.end());
     }
     if (all.group % kInt4Block != 0 || all.cols % kInt4Block != 0)
-      return make_error(src_.path() + ": " + base_of(parts[0].first) + ": INT4 group size " +
+      return make_error(src_.path() + ": " + base_of(parts[0].name) + ": INT4 group size " +
                         std::to_string(all.group) + " and input size " + std::to_string(all.cols) +
                         " must be multiples of 32 for the INT4 kernels");
     m4 = be_.prepare_int4(all.q.data(), all.scale.data(),
@@ -160,18 +236,25 @@ class Loader {
     }
     if (c.moe_shared_ffn > 0) {
       const std::string x = p + "shared_experts.";
-      KV_TRY(product({{x + "gate_proj.weight", c.moe_shared_ffn}, {x + "up_proj.weight", c.moe_shared_ffn}},
+      const Keep sk = shared_keep();
+      KV_TRY(product({{x + "gate_proj.weight", c.moe_shared_ffn, sk},
+                      {x + "up_proj.weight", c.moe_shared_ffn, sk}},
                      c.hidden, L.shared.gate_up, L.shared.gate_up_q4, int4_));
       KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_shared_ffn, L.shared.down,
-                     L.shared.down_q4, int4_));
+                     L.shared.down_q4, int4_, {}, sk));
     }
+    // Every expert's slot; under expert parallelism only the owned ones
+    // hold weights.
     L.experts.resize(size_t(c.n_experts));
+    const Keep mk = moe_keep();
     for (int64_t e = 0; e < c.n_experts; ++e) {
+      if (!owns_expert(e)) continue;
       const std::string x = p + "experts." + std::to_string(e) + ".";
       ExpertWeights& E = L.experts[size_t(e)];
-      KV_TRY(product({{x + "gate_proj.weight", c.moe_ffn}, {x + "up_proj.weight", c.moe_ffn}}, c.hidden,
-                     E.gate_up, E.gate_up_q4, int4_));
-      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_ffn, E.down, E.down_q4, int4_));
+      KV_TRY(product({{x + "gate_proj.weight", c.moe_ffn, mk}, {x + "up_proj.weight", c.moe_ffn, mk}},
+                     c.hidden, E.gate_up, E.gate_up_q4, int4_));
+      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_ffn, E.down, E.down_q4, int4_, {},
+                     mk));
     }
     return {};
   }
@@ -188,11 +271,11 @@ class Loader {
     const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
     const int64_t H = c.heads, qk = c.head_dim, R = c.kv_lora_rank, nope = c.qk_nope_dim,
                   dv = c.v_head_dim;
-    std::vector<std::pair<std::string, int64_t>> first;
+    std::vector<Part> first;
     if (c.q_lora_rank > 0)
       first.push_back({p + "q_a_proj.weight", c.q_lora_rank});
     else
-      first.push_back({p + "q_proj.weight", H * qk});
+      first.push_back({p + "q_proj.weight", H * qk, q_rows(qk)});
     first.push_back({p + "kv_a_proj_with_mqa.weight", R + c.qk_rope_dim});
     const bool indexer = c.index_topk > 0 && c.index_full[size_t(i)];
     if (indexer) {
@@ -215,24 +298,29 @@ class Loader {
       auto n = f32(p + "q_a_layernorm.weight", {c.q_lora_rank});
       if (!n) return n.error();
       L.q_a_norm = std::move(*n);
-      KV_TRY(product({{p + "q_b_proj.weight", H * qk}}, c.q_lora_rank, L.wq_b, L.wq_b_q4, int4_));
+      KV_TRY(product({{p + "q_b_proj.weight", H * qk, q_rows(qk)}}, c.q_lora_rank, L.wq_b, L.wq_b_q4,
+                     int4_));
     }
     auto kn = f32(p + "kv_a_layernorm.weight", {R});
     if (!kn) return kn.error();
     L.kv_a_norm = std::move(*kn);
-    auto kvb = part_f32(p + "kv_b_proj.weight", H * (nope + dv), R);
-    if (!kvb) return kvb.error();
-    L.wkv_b = pack(kvb->data(), H * (nope + dv), R);
+    auto kvb_all = part_f32(p + "kv_b_proj.weight", H * (nope + dv), R);
+    if (!kvb_all) return kvb_all.error();
+    // This rank's heads only.
+    const Keep hk = q_rows(nope + dv);
+    const std::vector<float> kvb = slice_f32(std::move(*kvb_all), H * (nope + dv), R, hk, {});
+    const int64_t Hl = hk.size(H * (nope + dv)) / (nope + dv);
+    L.wkv_b = pack(kvb.data(), Hl * (nope + dv), R);
     std::vector<float> uk(size_t(R * nope)), uv(size_t(dv * R));
-    for (int64_t h = 0; h < H; ++h) {
-      const float* base = kvb->data() + h * (nope + dv) * R;
+    for (int64_t h = 0; h < Hl; ++h) {
+      const float* base = kvb.data() + h * (nope + dv) * R;
       for (int64_t r = 0; r < nope; ++r)
         for (int64_t k = 0; k < R; ++k) uk[size_t(k * nope + r)] = base[r * R + k];
       std::copy(base + nope * R, base + (nope + dv) * R, uv.begin());
       L.w_uk_t.push_back(pack(uk.data(), R, nope));
       L.w_uv.push_back(pack(uv.data(), dv, R));
     }
-    KV_TRY(product({{p + "o_proj.weight", c.hidden}}, H * dv, L.wo, L.wo_q4, int4_));
+    KV_TRY(product({{p + "o_proj.weight", c.hidden}}, H * dv, L.wo, L.wo_q4, int4_, {}, q_rows(dv)));
     return {};
   }
 
@@ -244,24 +332,29 @@ class Loader {
   }
 
   // Loads several [rows_i, cols] tensors stacked into one BF16 matrix.
-  Result<Matrix> matrix(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
-                        const std::function<void(size_t, std::vector<float>&)>& transform = {}) {
+  // (Each part's rows_kept, the columns cols_kept.)
+  Result<Matrix> matrix(const std::vector<Part>& parts, int64_t cols,
+                        const std::function<void(size_t, std::vector<float>&)>& transform = {},
+                        Keep cols_kept = {}) {
     int64_t rows = 0;
-    for (auto& p : parts) rows += p.second;
-    AlignedBuffer<uint16_t> rowmajor(size_t(rows * cols));
+    for (auto& p : parts) rows += p.rows_kept.size(p.rows);
+    const int64_t kc = cols_kept.size(cols);
+    AlignedBuffer<uint16_t> rowmajor(size_t(rows * kc));
     int64_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
-      auto v = part_f32(parts[i].first, parts[i].second, cols);
+      auto v = part_f32(parts[i].name, parts[i].rows, cols);
       if (!v) return v.error();
       if (transform) transform(i, *v);
-      uint16_t* dst = rowmajor.data() + row * cols;
-      const float* s = v->data();
-      parallel_for(int64_t(v->size()), 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t k = b; k < e; ++k) dst[k] = f32_to_bf16(s[k]);
+      const std::vector<float> k =
+          slice_f32(std::move(*v), parts[i].rows, cols, parts[i].rows_kept, cols_kept);
+      uint16_t* dst = rowmajor.data() + row * kc;
+      const float* s = k.data();
+      parallel_for(int64_t(k.size()), 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t x = b; x < e; ++x) dst[x] = f32_to_bf16(s[x]);
       });
-      row += parts[i].second;
+      row += parts[i].rows_kept.size(parts[i].rows);
     }
-    return be_.prepare_bf16(rowmajor.data(), rows, cols);
+    return be_.prepare_bf16(rowmajor.data(), rows, kc);
   }
 
   Result<ModelWeights> load() {
@@ -274,20 +367,21 @@ class Loader {
       for (auto& x : *v) x += norm_add;
       return v;
     };
-    auto em = matrix({{names_.global("embed"), c.vocab}}, c.hidden);
+    const Keep vk = vocab_rows();
+    auto em = matrix({{names_.global("embed"), c.vocab, vk}}, c.hidden);
     if (!em) return em.error();
     w.embed = std::move(*em);
     if (!c.tie_embeddings || has(names_.global("output")) || part_is_int4(names_.global("output"))) {
       const std::string out = names_.global("output");
       if (has(out) || part_is_int4(out)) {
         const bool q = int4_ && (part_is_int4(out) || opts_.int4_lm_head);
-        KV_TRY(product({{out, c.vocab}}, c.hidden, w.output, w.output_q4, q));
+        KV_TRY(product({{out, c.vocab, vk}}, c.hidden, w.output, w.output_q4, q));
       } else if (!c.tie_embeddings) {
         return make_error(src_.path() + ": missing tensor " + names_.global("output"));
       }
     }
     if (int4_ && opts_.int4_lm_head && w.output.rows == 0 && w.output_q4.empty())
-      KV_TRY(product({{names_.global("embed"), c.vocab}}, c.hidden, w.output, w.output_q4, true));
+      KV_TRY(product({{names_.global("embed"), c.vocab, vk}}, c.hidden, w.output, w.output_q4, true));
     auto on = norm(names_.global("out_norm"), c.hidden);
     if (!on) return on.error();
     w.out_norm = std::move(*on);
@@ -310,13 +404,16 @@ class Loader {
         perm = [&](size_t part, std::vector<float>& v) {
           if (part < 2) unpermute_rows(v, part == 0 ? c.heads : c.kv_heads, c.head_dim, c.hidden);
         };
-      KV_TRY(product({{N("wq"), c.q_dim()}, {N("wk"), c.kv_dim()}, {N("wv"), c.kv_dim()}}, c.hidden,
-                     L.wqkv, L.wqkv_q4, int4_, perm));
+      const Keep qr = q_rows(c.head_dim), kr = kv_rows();
+      KV_TRY(product({{N("wq"), c.q_dim(), qr}, {N("wk"), c.kv_dim(), kr}, {N("wv"), c.kv_dim(), kr}},
+                     c.hidden, L.wqkv, L.wqkv_q4, int4_, perm));
       if (c.qkv_bias) {
-        for (auto [role, n] : {std::pair{"bq", c.q_dim()}, {"bk", c.kv_dim()}, {"bv", c.kv_dim()}}) {
+        for (auto [role, n, k] : {std::tuple{"bq", c.q_dim(), qr}, {"bk", c.kv_dim(), kr},
+                                  {"bv", c.kv_dim(), kr}}) {
           auto b = f32(N(role), {n});
           if (!b) return b.error();
-          L.bqkv.insert(L.bqkv.end(), b->begin(), b->end());
+          const std::vector<float> s = slice_f32(std::move(*b), n, 1, k, {});
+          L.bqkv.insert(L.bqkv.end(), s.begin(), s.end());
         }
       }
       if (c.qk_norm) {
@@ -325,16 +422,17 @@ class Loader {
         L.q_norm = std::move(*qn);
         L.k_norm = std::move(*kn);
       }
-      KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_));
+      KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_, {}, qr));
       }
       auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
       L.ffn_norm = std::move(*fnm);
       if (!c.moe_layer.empty() && c.moe_layer[size_t(i)]) {
         KV_TRY(moe(i, L));
       } else {
-        KV_TRY(product({{N("w_gate"), c.ffn}, {N("w_up"), c.ffn}}, c.hidden, L.w_gate_up,
+        const Keep fk = ffn_keep();
+        KV_TRY(product({{N("w_gate"), c.ffn, fk}, {N("w_up"), c.ffn, fk}}, c.hidden, L.w_gate_up,
                        L.w_gate_up_q4, int4_));
-        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_));
+        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_, {}, fk));
       }
       if (c.post_norms) {
         auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
@@ -375,6 +473,7 @@ class Loader {
   bool int4_ = false;
   WeightSetOptions opts_;
   const backend::Backend& be_;
+  const dist::ShardPlan* sp_ = nullptr;  // null: the whole model
 };
 
 }  // namespace
@@ -422,9 +521,14 @@ Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& 
   }
   const bool int4 = opts.precision == WeightPrecision::kInt4 ||
                     (opts.precision == WeightPrecision::kNative && files.int4());
+  auto plan = dist::make_shard_plan(m.config, opts.tp, opts.tp_rank, opts.ep, opts.ep_rank,
+                                    opts.shard_align);
+  if (!plan) return make_error(files.path() + ": " + plan.error().message);
+  m.shard = *plan;
   std::unique_ptr<backend::Backend> own;
   if (!opts.backend) own = backend::make_cpu_backend();
-  Loader l(files.tensors(), m.config, naming, int4, opts, opts.backend ? *opts.backend : *own);
+  Loader l(files.tensors(), m.config, naming, int4, opts, opts.backend ? *opts.backend : *own,
+           m.shard);
   auto w = l.load();
   if (!w) return w.error();
   m.weights = std::move(*w);

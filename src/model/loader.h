@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/result.h"
+#include "dist/shard_plan.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -29,11 +30,18 @@ struct WeightSetOptions {
   bool int4_lm_head = false;  // also quantize the output projection
   // Prepares the products (the CPU backend when null).
   const backend::Backend* backend = nullptr;
+  // Tensor/expert parallelism: this process's rank in each; it loads the
+  // slice dist::make_shard_plan gives it (INT4-safe blocks of shard_align).
+  // The weights are then shaped by dist::local_config, while
+  // LoadedModel::config stays the checkpoint's own.
+  int tp = 1, tp_rank = 0, ep = 1, ep_rank = 0;
+  int64_t shard_align = 128;
 };
 
 struct LoadedModel {
   ModelConfig config;
   ModelWeights weights;
+  dist::ShardPlan shard;  // what the weights hold of the checkpoint
 };
 
 Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& opts = {});

@@ -7,6 +7,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/check.h"
 #include "model/blocks/blocks.h"
@@ -26,7 +27,26 @@ int64_t Batch::logit_rows() const {
   return r;
 }
 
+namespace {
+dist::ShardPlan whole_model(const ModelConfig& c) {
+  auto p = dist::make_shard_plan(c, 1, 0, 1, 0);
+  if (p) return *p;
+  dist::ShardPlan s;  // a config the plan cannot read still runs whole
+  s.q_heads = {0, c.heads};
+  s.kv_heads = {0, c.cache_heads()};
+  s.ffn = {0, c.ffn};
+  s.shared_ffn = {0, c.moe_shared_ffn};
+  s.moe_ffn = {0, c.moe_ffn};
+  s.experts = {0, c.n_experts};
+  s.vocab = {0, c.vocab};
+  s.vocab_per_rank = s.vocab_padded = c.vocab;
+  return s;
+}
+}  // namespace
+
 Model::Model(ModelConfig cfg, ModelWeights w) : cfg_(std::move(cfg)) {
+  full_cfg_ = cfg_;
+  shard_ = whole_model(cfg_);
   sets_.push_back(std::move(w));
   be_ = backend::make_cpu_backend();
   inv_freq_ = rope_inv_freq(cfg_.rope, cfg_.rope_dim(), sets_[0].rope_freq_factors);
@@ -44,6 +64,8 @@ Model::Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, i
   KV_CHECK(!sets_.empty());
   KV_CHECK(prefill_set_ >= 0 && prefill_set_ < int(sets_.size()));
   KV_CHECK(decode_set_ >= 0 && decode_set_ < int(sets_.size()));
+  full_cfg_ = cfg_;
+  shard_ = whole_model(cfg_);
   inv_freq_ = rope_inv_freq(cfg_.rope, cfg_.rope_dim(), sets_[0].rope_freq_factors);
   inv_freq_local_ = rope_inv_freq(cfg_.rope_local, cfg_.rope_dim(), sets_[0].rope_freq_factors);
   ws_ = std::make_unique<Workspace>();
@@ -60,7 +82,27 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const Weight
   return load(**files, opts);
 }
 
-Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const WeightOptions& opts) {
+Result<void> Model::set_parallelism(const Parallelism& par, const ModelConfig& full,
+                                   const dist::ShardPlan& plan) {
+  const int n = par.comm ? par.comm->size() : 1;
+  if ((par.tp != 1 && par.tp != n) || (par.ep != 1 && par.ep != n) || std::max(par.tp, par.ep) != n)
+    return make_error("parallelism: with " + std::to_string(n) + " process(es), --tp and --ep " +
+                      "must each be 1 or " + std::to_string(n) + " and one of them " +
+                      std::to_string(n) + " (got tp " + std::to_string(par.tp) + ", ep " +
+                      std::to_string(par.ep) + ")");
+  comm_ = n > 1 ? par.comm : nullptr;
+  tp_ = par.tp;
+  ep_ = par.ep;
+  full_cfg_ = full;
+  shard_ = plan;
+  cfg_ = dist::local_config(full, plan);
+  if (cfg_.mla()) cfg_.kv_heads = cfg_.heads;
+  return {};
+}
+
+Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const WeightOptions& opts,
+                                           const Parallelism& par) {
+  const int ranks = par.comm ? par.comm->size() : 1, rank = par.comm ? par.comm->rank() : 0;
   // Resolve kNative to the checkpoint's form, then load each distinct form once.
   const WeightPrecision native = files.int4() ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
   auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
@@ -72,6 +114,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
     return make_error("unknown backend '" + opts.backend + "' (this build runs: " + names + ")");
   }
   ModelConfig cfg;
+  dist::ShardPlan plan;
   std::vector<ModelWeights> sets;
   std::vector<WeightPrecision> loaded;
   int index[2] = {0, 0};
@@ -86,15 +129,31 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
     so.int4_group = opts.int4_group;
     so.int4_lm_head = opts.int4_lm_head;
     so.backend = be.get();
+    if (ranks > 1) {
+      so.tp = par.tp, so.tp_rank = par.tp > 1 ? rank : 0;
+      so.ep = par.ep, so.ep_rank = par.ep > 1 ? rank : 0;
+      // Both sets split alike (their activations meet in one KV cache and
+      // one workspace): in whole INT4 groups when either set is INT4 (a
+      // checkpoint's own groups are taken as 128 at most), else in blocks of
+      // 16 (SIMD-friendly, and small enough for the test models' sizes).
+      const bool any_int4 = want[0] == WeightPrecision::kInt4 || want[1] == WeightPrecision::kInt4;
+      so.shard_align = !any_int4 ? 16
+                       : files.int4() ? std::max<int64_t>(128, opts.int4_group)
+                                      : opts.int4_group;
+    }
     auto m = load_model(files, so);
     if (!m) return m.error();
     cfg = std::move(m->config);
+    plan = m->shard;
     index[phase] = int(sets.size());
     sets.push_back(std::move(m->weights));
     loaded.push_back(want[phase]);
   }
-  return std::make_unique<Model>(std::move(cfg), std::move(sets), index[0], index[1],
-                                 std::move(be));
+  const ModelConfig full = cfg;
+  auto model = std::make_unique<Model>(std::move(cfg), std::move(sets), index[0], index[1],
+                                       std::move(be));
+  KV_TRY(model->set_parallelism(par, full, plan));
+  return model;
 }
 
 void Model::reserve(int64_t tokens, int64_t context) {
@@ -285,8 +344,9 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
   // Embedding lookup (BF16 rows -> FP32), scaled for Gemma.
   const F32 x = dense(ws_->x.data(), T, c.hidden);
   for (const auto& sg : segs_)
-    be_->embed(sets_[size_t(sg.set)].embed, b.tokens.data() + sg.t0, c.embed_scale,
-               x.sub_rows(sg.t0, sg.t1 - sg.t0));
+    be_->embed(sets_[size_t(sg.set)].embed, shard_.vocab.begin, b.tokens.data() + sg.t0,
+               c.embed_scale, x.sub_rows(sg.t0, sg.t1 - sg.t0));
+  reduce_tp(x);  // each id's row came from the one rank whose slice holds it
   rope_tables();
   for (int64_t l = 0; l < c.layers; ++l) layer_forward(l);
   logits_forward(b, logits);
@@ -309,13 +369,56 @@ void Model::logits_forward(const Batch& b, std::span<float> logits) {
     r += n;
     t0 += s.n_tokens;
   }
-  const F32 out = dense(logits.data(), r, c.vocab);
+  // Under tensor parallelism each rank computes its vocabulary slice's
+  // columns, padded to vocab_per_rank, then they are gathered.
+  const bool split = comm_ && tp_ > 1;
+  const int64_t width = split ? shard_.vocab_per_rank : c.vocab;
+  if (split && int64_t(ws_->lg_local.size()) < r * width)
+    ws_->lg_local = be_->alloc(size_t(r * width) * sizeof(float));
+  const F32 out = split ? dense(ws_->lg_local.data(), r, width) : dense(logits.data(), r, c.vocab);
+  const int64_t held = shard_.vocab.size();
   for (const auto& sg : logit_segs_) {
     const ModelWeights& W = sets_[size_t(sg.set)];
-    be_->linear(h.sub_rows(sg.t0, sg.t1 - sg.t0), {&W.lm_head(), &W.output_q4},
-                out.sub_rows(sg.t0, sg.t1 - sg.t0));
+    if (held > 0)
+      be_->linear(h.sub_rows(sg.t0, sg.t1 - sg.t0), {&W.lm_head(), &W.output_q4},
+                  out.sub_rows(sg.t0, sg.t1 - sg.t0).sub_cols(0, held));
   }
-  if (c.final_softcap > 0.f) be_->softcap(out, c.final_softcap);
+  if (split) gather_logits(r, logits);
+  if (c.final_softcap > 0.f) be_->softcap(dense(logits.data(), r, c.vocab), c.final_softcap);
+}
+
+// Rank q's columns [q * vpr, q * vpr + its slice) of every row, from an
+// all-gather of each rank's [rows, vpr] block (the padding past a short last
+// slice is never read).
+void Model::gather_logits(int64_t rows, std::span<float> logits) {
+  const int64_t vpr = shard_.vocab_per_rank, V = cfg_.vocab, n = int64_t(tp_);
+  const size_t block = size_t(rows * vpr) * sizeof(float);
+  if (ws_->lg_all.size() < size_t(rows * vpr * n))
+    ws_->lg_all = be_->alloc(block * size_t(n));
+  auto r = comm_->all_gather(std::as_bytes(std::span<const float>(ws_->lg_local.data(), size_t(rows * vpr))),
+                             std::as_writable_bytes(std::span<float>(ws_->lg_all.data(), size_t(rows * vpr * n))));
+  if (!r) comm_failed(r.error());
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t c0 = q * vpr, w = std::max<int64_t>(0, std::min(vpr, V - c0));
+    if (w == 0) continue;
+    const float* src = ws_->lg_all.data() + q * rows * vpr;
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy_n(src + i * vpr, w, logits.data() + i * V + c0);
+  }
+}
+
+void Model::reduce_tp(F32 x) {
+  if (!comm_ || tp_ <= 1) return;
+  KV_CHECK(x.ld == x.cols);
+  auto r = comm_->all_reduce_sum(std::span<float>(x.data, size_t(x.rows * x.cols)));
+  if (!r) comm_failed(r.error());
+}
+
+void Model::comm_failed(const Error& e) {
+  std::fprintf(stderr, "kvant: rank %d of %d: %s; stopping every rank\n", comm_->rank(),
+               comm_->size(), e.message.c_str());
+  std::fflush(stderr);
+  comm_->abort(3);
 }
 
 void Model::linear(int64_t l, int which, CF32 x, F32 y) {
@@ -355,6 +458,7 @@ void Model::layer_forward(int64_t l) {
     attention(l);
     linear(l, 1, dense(ws.attn.data(), T, c.q_dim()), out);
   }
+  reduce_tp(out);  // each rank's heads' share of the output projection
   norm(&LayerWeights::post_attn_norm, out, out);
   be_->add(x, out);
 

@@ -20,6 +20,8 @@
 
 #include "core/aligned.h"
 #include "core/result.h"
+#include "dist/communicator.h"
+#include "dist/shard_plan.h"
 #include "model/config.h"
 #include "backend/backend.h"
 #include "model/loader.h"
@@ -57,20 +59,53 @@ struct WeightOptions {
   std::string backend = "cpu";  // backend::available_backends()
 };
 
+// Tensor and expert parallelism (dist/shard_plan.h): the processes of
+// `comm` run one model together, each over its slice. tp and ep are each 1
+// or comm->size(); with both above 1, EP runs over the TP ranks. The
+// communicator outlives the model. Null comm: one process, the whole model.
+//  - TP: column-parallel q|k|v and gate|up, row-parallel o and down (one
+//    all-reduce each), vocabulary-parallel embedding (zero rows for ids of
+//    other ranks, then an all-reduce) and output head (an all-gather of the
+//    ranks' logit columns). Each rank's KV pages hold its own KV heads.
+//  - EP: each rank computes its own experts for every token routed to them
+//    (every rank holds every token's hidden state, so the dispatch moves
+//    nothing); an all-to-all returns each expert output row to the rank
+//    that owns the token, which sums a token's experts in ascending order,
+//    as one process does; an all-gather then gives every rank every row.
+struct Parallelism {
+  dist::Communicator* comm = nullptr;
+  int tp = 1, ep = 1;
+};
+
 class Model {
  public:
   static Result<std::unique_ptr<Model>> load(const std::string& path,
                                              const WeightOptions& opts = {});
   // From files already open (io/model_files.h): every weight set from them.
   static Result<std::unique_ptr<Model>> load(const ModelFiles& files,
-                                             const WeightOptions& opts = {});
+                                             const WeightOptions& opts = {},
+                                             const Parallelism& par = {});
   Model(ModelConfig cfg, ModelWeights w);
   // sets: one or two weight sets; prefill/decode index them. backend: the
   // one the weights were prepared by (the CPU backend when null).
   Model(ModelConfig cfg, std::vector<ModelWeights> sets, int prefill_set, int decode_set,
         std::unique_ptr<backend::Backend> be = nullptr);
   ~Model();
+  // The sizes this process computes with: the checkpoint's own, or under
+  // tensor parallelism its rank's share (dist::local_config: heads,
+  // kv_heads, ffn ... of the rank; vocab whole, as logits are).
   const ModelConfig& config() const { return cfg_; }
+  // The checkpoint's own sizes, and this rank's share of them.
+  const ModelConfig& full_config() const { return full_cfg_; }
+  const dist::ShardPlan& shard() const { return shard_; }
+  // Splits the model over par's ranks (load does this, with the plan its
+  // weights were loaded by; before the first forward).
+  Result<void> set_parallelism(const Parallelism& par, const ModelConfig& full,
+                               const dist::ShardPlan& plan);
+  // The communicator and the split (null and 1, 1 in one process).
+  dist::Communicator* communicator() const { return comm_; }
+  int tp() const { return tp_; }
+  int ep() const { return ep_; }
   const ModelWeights& weights() const { return sets_[0]; }
   const ModelWeights& weight_set(int i) const { return sets_[size_t(i)]; }
   int prefill_set() const { return prefill_set_; }
@@ -109,6 +144,13 @@ class Model {
   Result<void> plan_step(const Batch& b);
   void ensure_workspace(int64_t tokens, int64_t ctx, int64_t gather_rows);
   void layer_forward(int64_t layer);
+  // Sums a partial result over the TP ranks (nothing on one rank). A
+  // transport failure ends every rank: the peers wait in the same
+  // collective and cannot go on.
+  void reduce_tp(backend::F32 x);
+  void comm_failed(const Error& e);
+  void moe_combine_ep(int64_t n, backend::F32 os);  // blocks/moe.cpp
+  void gather_logits(int64_t rows, std::span<float> logits);
   void attention(int64_t layer);           // blocks/attention.cpp
   void mla_attention(int64_t layer);       // blocks/mla.cpp
   void mla_index(int64_t layer);           // blocks/dsa_indexer.cpp
@@ -121,7 +163,10 @@ class Model {
   // row, each row segment through its weight set.
   void linear(int64_t layer, int which, backend::CF32 x, backend::F32 y);
 
-  ModelConfig cfg_;
+  ModelConfig cfg_, full_cfg_;
+  dist::ShardPlan shard_;
+  dist::Communicator* comm_ = nullptr;
+  int tp_ = 1, ep_ = 1;
   std::vector<ModelWeights> sets_;
   int prefill_set_ = 0, decode_set_ = 0;
   std::unique_ptr<backend::Backend> be_;

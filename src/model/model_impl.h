@@ -34,6 +34,13 @@ struct Model::Workspace {
   // DSA: indexer queries [T, index_heads*index_head_dim]; each token's chosen
   // positions [T, index_topk] and whether it has a choice.
   backend::Buffer<float> iq;
+  // Tensor parallelism: this rank's logit columns [rows, vocab_per_rank] and
+  // every rank's, gathered. Expert parallelism: expert output rows sent to
+  // and received from each rank, each rank's combined token rows, and the
+  // all-gather of them ([ranks * rows_per_rank, H]).
+  backend::Buffer<float> lg_local, lg_all, ep_send, ep_recv, ep_own, ep_all;
+  std::vector<int64_t> ep_src_rows, ep_recv_slot, ep_dst_rows;
+  std::vector<size_t> ep_send_bytes, ep_recv_bytes;
   std::vector<int32_t> sel;
   std::vector<uint8_t> sparse;
 };

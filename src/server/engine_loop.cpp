@@ -1,6 +1,8 @@
 // Engine loop thread (see engine_loop.h).
 #include "server/engine_loop.h"
 
+#include <chrono>
+
 #include <cstdio>
 
 namespace kvant::server {
@@ -60,7 +62,15 @@ void EngineLoop::run() {
       std::unique_lock<std::mutex> lk(mu_);
       // A submit makes the engine non-idle before wake() is called, so the
       // predicate also catches work that arrived before this wait began.
-      cv_.wait(lk, [&] { return stopping_ || kicked_ || !engine_.idle(); });
+      auto ready = [&] { return stopping_ || kicked_ || !engine_.idle(); };
+      if (engine_.ranks() > 1) {
+        // The other ranks wait in rank 0's next step: an idle rank 0 still
+        // steps twice a second, so that their timeout tells a dead rank 0
+        // from a quiet one.
+        cv_.wait_for(lk, std::chrono::milliseconds(500), ready);
+      } else {
+        cv_.wait(lk, ready);
+      }
       if (stopping_ && engine_.idle()) break;
       kicked_ = false;
     }

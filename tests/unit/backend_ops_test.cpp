@@ -149,11 +149,30 @@ TEST_P(BackendOps, EmbedReadsPreparedRows) {
   const Matrix wb = ref_->prepare_bf16(table.data(), vocab, hidden);
   const std::vector<int32_t> tok = {0, 36, 5, 5, 17};
   Mat a(5, hidden), b(5, hidden);
-  be_->embed(wa, tok.data(), 0.5f, a.view());
-  ref_->embed(wb, tok.data(), 0.5f, b.view());
+  be_->embed(wa, 0, tok.data(), 0.5f, a.view());
+  ref_->embed(wb, 0, tok.data(), 0.5f, b.view());
   expect_close(a, b, 0, "embed");
   for (size_t i = 0; i < tok.size(); ++i)
     EXPECT_EQ(b.at(int64_t(i), 4), bf16_to_f32(table[size_t(tok[i] * hidden + 4)]) * 0.5f);
+}
+
+// A vocabulary slice: ids [10, 30) from rows 10..29 of the table; the rest
+// are zero rows.
+TEST_P(BackendOps, EmbedSliceZeroesOtherIds) {
+  const int64_t vocab = 37, hidden = 19, row0 = 10, rows = 20;
+  std::vector<uint16_t> table(size_t(vocab * hidden));
+  const auto f = random_vec(table.size(), 4, -3.f, 3.f);
+  for (size_t i = 0; i < f.size(); ++i) table[i] = f32_to_bf16(f[i]);
+  const Matrix part = be_->prepare_bf16(table.data() + row0 * hidden, rows, hidden);
+  const std::vector<int32_t> tok = {0, 9, 10, 29, 30, 36, 17};
+  Mat a(int64_t(tok.size()), hidden);
+  be_->embed(part, row0, tok.data(), 1.f, a.view());
+  for (size_t i = 0; i < tok.size(); ++i)
+    for (int64_t c = 0; c < hidden; ++c) {
+      const bool in = tok[i] >= row0 && tok[i] < row0 + rows;
+      EXPECT_EQ(a.at(int64_t(i), c), in ? bf16_to_f32(table[size_t(tok[i] * hidden + c)]) : 0.f)
+          << "token " << tok[i];
+    }
 }
 
 TEST_P(BackendOps, LinearBf16) {

@@ -253,6 +253,32 @@ TEST(ShardPlan, ParamsOverRanksDeepSeekV3) {
             full_weight_params(c) + 7 * (replicated + 31 * indexer));
 }
 
+// KV groups that do not divide evenly: SmolLM2-135M's 3 KV heads (9 query
+// heads) over 2 ranks hold 2 and 1 groups; Llama 3 8B's 8 over 3 hold 3, 3, 2.
+TEST(ShardPlan, UnevenKvGroups) {
+  ModelConfig s = llama3_8b();
+  s.heads = 9, s.kv_heads = 3, s.head_dim = 64, s.hidden = 576, s.ffn = 1536;
+  const ShardPlan a = plan(s, 2, 0), b = plan(s, 2, 1);
+  EXPECT_EQ(a.kv_heads, (Range{0, 2}));
+  EXPECT_EQ(a.q_heads, (Range{0, 6}));
+  EXPECT_EQ(b.kv_heads, (Range{2, 3}));
+  EXPECT_EQ(b.q_heads, (Range{6, 9}));
+  // o_proj input columns [0, 384) and [384, 576): 384 is 3 blocks of 128,
+  // and the last piece may end off a block.
+  EXPECT_TRUE(a.attn_out_aligned);
+  EXPECT_TRUE(b.attn_out_aligned);
+  const ModelConfig l = llama3_8b();
+  int64_t kv = 0;
+  for (int r = 0; r < 3; ++r) {
+    const ShardPlan p = plan(l, 3, r);
+    EXPECT_EQ(p.kv_heads.size(), r < 2 ? 3 : 2);
+    EXPECT_EQ(p.q_heads.size(), 4 * p.kv_heads.size());
+    EXPECT_EQ(p.kv_heads.begin, kv);
+    kv = p.kv_heads.end;
+  }
+  EXPECT_EQ(kv, 8);
+}
+
 TEST(ShardPlan, Errors) {
   const ModelConfig l = llama3_8b();
   expect_error(l, 0, 0, 1, 0, "tp must be at least 1, got 0");
@@ -261,17 +287,17 @@ TEST(ShardPlan, Errors) {
   expect_error(l, 4, -1, 1, 0, "tp_rank -1 is out of range for tp 4 (0..3)");
   expect_error(qwen3_moe(), 4, 0, 4, 7, "ep_rank 7 is out of range for ep 4 (0..3)");
   expect_error(l, 2, 0, 1, 0, "align must be positive, got 0", 0);
-  expect_error(l, 3, 0, 1, 0, "heads 32 is not a multiple of tp 3");
-
   ModelConfig c = l;
-  c.heads = 24, c.kv_heads = 6;
-  expect_error(c, 4, 0, 1, 0,
-               "kv_heads 6 and tp 4: one must divide the other (kv_heads/tp KV heads per rank, or "
-               "each KV head replicated over tp/kv_heads ranks)");
   c.heads = 24, c.kv_heads = 4;
   expect_error(c, 6, 0, 1, 0,
-               "kv_heads 4 and tp 6: one must divide the other (kv_heads/tp KV heads per rank, or "
-               "each KV head replicated over tp/kv_heads ranks)");
+               "kv_heads 4 and tp 6: with fewer KV heads than ranks, kv_heads must divide tp "
+               "(each KV head replicated over tp/kv_heads ranks)");
+  c.heads = 12, c.kv_heads = 2;
+  expect_error(c, 8, 0, 1, 0,
+               "heads 12 is not a multiple of tp 8 (with fewer KV heads than ranks, query heads "
+               "split evenly)");
+  c.heads = 10, c.kv_heads = 4;
+  expect_error(c, 2, 0, 1, 0, "heads 10 is not a multiple of kv_heads 4");
 
   c = l;
   c.ffn = 11000;

@@ -116,8 +116,15 @@ void CpuBackend::begin_step(const StepPlan& plan) {
   }
 }
 
-void CpuBackend::embed(const Matrix& table, const int32_t* tokens, float scale, F32 out) {
-  for (int64_t t = 0; t < out.rows; ++t) table.row_f32(tokens[t], scale, out.row(t));
+void CpuBackend::embed(const Matrix& table, int64_t row0, const int32_t* tokens, float scale,
+                       F32 out) {
+  for (int64_t t = 0; t < out.rows; ++t) {
+    const int64_t r = int64_t(tokens[t]) - row0;
+    if (r >= 0 && r < table.rows)
+      table.row_f32(r, scale, out.row(t));
+    else
+      std::fill(out.row(t), out.row(t) + out.cols, 0.f);
+  }
 }
 
 void CpuBackend::rmsnorm(CF32 x, const float* w, float eps, F32 y) {

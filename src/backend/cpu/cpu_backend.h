@@ -31,7 +31,8 @@ class CpuBackend final : public Backend {
   void reserve(const WorkspaceSize& size) override;
   void begin_step(const StepPlan& plan) override;
 
-  void embed(const Matrix& table, const int32_t* tokens, float scale, F32 out) override;
+  void embed(const Matrix& table, int64_t row0, const int32_t* tokens, float scale,
+             F32 out) override;
   void rmsnorm(CF32 x, const float* w, float eps, F32 y) override;
   void rmsnorm_heads(F32 x, int64_t heads, int64_t head_dim, const float* w, float eps) override;
   void layernorm(F32 x, const float* w, const float* b, double eps) override;

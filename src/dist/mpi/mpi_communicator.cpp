@@ -26,15 +26,30 @@
 // even differs from chunk to chunk), and a non-commutative user operation
 // still allows MPI to regroup the additions. The cost is the ring's: each
 // rank sends and receives (N-1)/N of the vector in each of the two phases.
+//
+// Waiting: every collective is MPI's non-blocking form (MPI_Ialltoallv,
+// MPI_Ibcast, ...) completed by a loop of MPI_Test that spins for the first
+// 50 us, then yields, then sleeps 100 us between tests. A short collective
+// (a decode step's all-reduce) completes while spinning; a rank waiting
+// long (a follower waiting for rank 0's next step while the server is
+// idle) costs next to no CPU instead of MPI's busy poll, which on a small
+// machine would take a core from the ranks that compute. The loop also
+// gives a deadline (set_timeout): a collective a peer never joins (it died,
+// or hangs) fails with a message naming the call and the wait, instead of
+// waiting for ever.
 #include "dist/mpi/mpi_communicator.h"
 
 #include <mpi.h>
 
+#include <sched.h>
+
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/check.h"
@@ -82,18 +97,18 @@ Result<std::shared_ptr<MpiRuntime>> MpiRuntime::acquire() {
   std::shared_ptr<MpiRuntime> rt(new MpiRuntime());
   int provided = 0;
   if (!initialized) {
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS)
       return make_error("communicator 'mpi': MPI_Init_thread failed: " + mpi_message(rc));
     rt->owns_ = true;
   } else {
     MPI_Query_thread(&provided);
   }
-  // The engine calls MPI from the thread that created the communicator,
-  // while other threads compute: MPI_THREAD_FUNNELED at least.
-  if (provided < MPI_THREAD_FUNNELED)
+  // One thread at a time calls MPI, but not always the one that started it
+  // (the server steps its engine on a thread of its own): MPI_THREAD_SERIALIZED.
+  if (provided < MPI_THREAD_SERIALIZED)
     return make_error("communicator 'mpi': this MPI provides thread level " +
-                      std::to_string(provided) + ", below MPI_THREAD_FUNNELED");
+                      std::to_string(provided) + ", below MPI_THREAD_SERIALIZED");
   current = rt;
   return rt;
 }
@@ -127,6 +142,9 @@ class MpiCommunicator final : public Communicator {
   Result<void> broadcast(std::span<std::byte> data, int root) override;
   Result<void> barrier() override;
 
+  void set_timeout(double seconds) override { timeout_ = seconds; }
+  double timeout() const override { return timeout_; }
+
   [[noreturn]] void abort(int code) override {
     MPI_Abort(comm_, code);
     std::abort();  // MPI_Abort does not return; this is for the compiler
@@ -140,6 +158,33 @@ class MpiCommunicator final : public Communicator {
                       std::to_string(size_) + ": " + op + ": " + call +
                       " failed: " + mpi_message(rc));
   }
+  // Starts nothing: completes `req` (started by a non-blocking call whose
+  // return code is rc) by the spin / yield / sleep loop above, within the
+  // timeout. A timed-out request is left pending: the caller reports and
+  // aborts, which is all a rank can do with a collective its peers never
+  // finished.
+  Result<void> wait(int rc, MPI_Request& req, const char* op, const char* call) const {
+    KV_TRY(check(rc, op, call));
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (int64_t i = 0;; ++i) {
+      int done = 0;
+      KV_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op, "MPI_Test"));
+      if (done) return {};
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (timeout_ > 0 && waited > timeout_)
+        return make_error("communicator 'mpi', rank " + std::to_string(rank_) + " of " +
+                          std::to_string(size_) + ": " + op + ": " + call +
+                          " did not complete within " + std::to_string(int(timeout_)) +
+                          " s: a peer rank has died or hangs");
+      if (waited < 50e-6) continue;
+      if (waited < 1e-3)
+        sched_yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   // MPI counts and displacements are ints: a larger message is an error
   // here (naming it), not a silent truncation inside MPI.
   Result<void> too_large(const char* op, size_t n, const char* unit) const {
@@ -148,6 +193,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::shared_ptr<MpiRuntime> runtime_;
+  double timeout_ = 0;  // seconds; 0: wait for ever
   MPI_Comm comm_;
   int rank_, size_;
   // Per-rank counts and displacements for the v-collectives, sized once.
@@ -172,10 +218,12 @@ Result<void> MpiCommunicator::all_reduce_sum(std::span<float> data) {
     recv_displs_[r] = int(r) * mine;
   }
   if (scratch_.size() < N * size_t(mine)) scratch_.resize(N * size_t(mine));
-  KV_TRY(check(
-      MPI_Alltoallv(data.data(), send_counts_.data(), send_displs_.data(), MPI_FLOAT,
-                    scratch_.data(), recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, comm_),
-      "all_reduce_sum", "MPI_Alltoallv"));
+  MPI_Request req;
+  KV_TRY(wait(
+      MPI_Ialltoallv(data.data(), send_counts_.data(), send_displs_.data(), MPI_FLOAT,
+                     scratch_.data(), recv_counts_.data(), recv_displs_.data(), MPI_FLOAT, comm_,
+                     &req),
+      req, "all_reduce_sum", "MPI_Ialltoallv"));
   float* out = data.data() + chunk_begin(size_t(rank_));
   const float* x = scratch_.data();
   for (int i = 0; i < mine; ++i) out[i] = x[i];
@@ -185,9 +233,9 @@ Result<void> MpiCommunicator::all_reduce_sum(std::span<float> data) {
   }
   // Chunk r's sum, from its owner, to everyone: counts and displacements
   // are the chunks', as sent above.
-  return check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), send_counts_.data(),
-                              send_displs_.data(), MPI_FLOAT, comm_),
-               "all_reduce_sum", "MPI_Allgatherv");
+  return wait(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(),
+                              send_counts_.data(), send_displs_.data(), MPI_FLOAT, comm_, &req),
+              req, "all_reduce_sum", "MPI_Iallgatherv");
 }
 
 Result<void> MpiCommunicator::all_gather(std::span<const std::byte> in, std::span<std::byte> out) {
@@ -195,8 +243,9 @@ Result<void> MpiCommunicator::all_gather(std::span<const std::byte> in, std::spa
   if (in.empty()) return {};
   if (out.size() > size_t(INT_MAX)) return too_large("all_gather", out.size(), "bytes");
   const int n = int(in.size());
-  return check(MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, comm_), "all_gather",
-               "MPI_Allgather");
+  MPI_Request req;
+  return wait(MPI_Iallgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, comm_, &req), req,
+              "all_gather", "MPI_Iallgather");
 }
 
 Result<void> MpiCommunicator::all_to_all_v(std::span<const std::byte> send,
@@ -220,10 +269,11 @@ Result<void> MpiCommunicator::all_to_all_v(std::span<const std::byte> send,
   }
   KV_CHECK_LE(send_at, send.size());
   KV_CHECK_LE(recv_at, recv.size());
-  return check(
-      MPI_Alltoallv(send.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE, recv.data(),
-                    recv_counts_.data(), recv_displs_.data(), MPI_BYTE, comm_),
-      "all_to_all_v", "MPI_Alltoallv");
+  MPI_Request req;
+  return wait(
+      MPI_Ialltoallv(send.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE, recv.data(),
+                     recv_counts_.data(), recv_displs_.data(), MPI_BYTE, comm_, &req),
+      req, "all_to_all_v", "MPI_Ialltoallv");
 }
 
 Result<void> MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
@@ -231,12 +281,14 @@ Result<void> MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
   KV_CHECK_LT(root, size_);
   if (data.empty()) return {};
   if (data.size() > size_t(INT_MAX)) return too_large("broadcast", data.size(), "bytes");
-  return check(MPI_Bcast(data.data(), int(data.size()), MPI_BYTE, root, comm_), "broadcast",
-               "MPI_Bcast");
+  MPI_Request req;
+  return wait(MPI_Ibcast(data.data(), int(data.size()), MPI_BYTE, root, comm_, &req), req,
+              "broadcast", "MPI_Ibcast");
 }
 
 Result<void> MpiCommunicator::barrier() {
-  return check(MPI_Barrier(comm_), "barrier", "MPI_Barrier");
+  MPI_Request req;
+  return wait(MPI_Ibarrier(comm_, &req), req, "barrier", "MPI_Ibarrier");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ void Model::mlp_forward(int64_t l) {
   linear(l, 2, backend::dense(ws.h.data(), T, c.hidden), gu);
   be_->gated_act(gate_act(c.act), gu, act);
   linear(l, 3, act, backend::dense(ws.out.data(), T, c.hidden));
+  reduce_tp(backend::dense(ws.out.data(), T, c.hidden));  // each rank's ffn columns' share
 }
 
 }  // namespace kvant
