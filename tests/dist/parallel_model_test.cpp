@@ -11,7 +11,7 @@
 //    for bit);
 //  - batch invariance: each prompt alone gives bitwise what the batch gave;
 //  - run to run: the batch again gives bitwise the same.
-// Usage: kvant_parallel_model_tests --tp N --ep M --tol T MODEL_DIR...
+// Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4] MODEL...
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
 // when every check on rank 0 passed; a failing rank 0 still shuts the
 // followers down (its engine's destructor), so the job ends either way.
@@ -29,6 +29,8 @@
 using namespace kvant;
 
 namespace {
+
+std::string decode_weights = "native";  // --decode-weights: the split-set form (int4)
 
 struct Run {
   std::vector<std::vector<int32_t>> tokens;
@@ -54,6 +56,7 @@ EngineOptions options(const std::string& model, const std::string& tokenizer) {
   o.prefix_caching = false;  // every run computes every prompt token
   o.debug_invariants = true;
   o.threads = 1;
+  o.decode_weights = decode_weights;
   return o;
 }
 
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
     else if (a == "--ep" && i + 1 < argc) ep = std::atoi(argv[++i]);
     else if (a == "--tol" && i + 1 < argc) tol = std::atof(argv[++i]);
     else if (a == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
+    else if (a == "--decode-weights" && i + 1 < argc) decode_weights = argv[++i];
     else models.push_back(a);
   }
   auto made = dist::make_communicator(dist::launched_by_mpirun() ? "mpi" : "local");
