@@ -35,6 +35,11 @@
 
 namespace kvant {
 
+// engine_dist.cpp
+Result<void> agree_all_loaded(dist::Communicator& comm, bool loaded);
+Result<void> agree_on_pages(dist::Communicator& comm, PagePoolOptions& po,
+                            std::unique_ptr<PagePool>& pool);
+
 namespace {
 
 double now_s() {
@@ -183,25 +188,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
     m = Model::load(*files, *wo, par);
   });
   loader.join();
-  if (e->distributed()) {
-    // Every rank learns whether every other one loaded, so that one bad
-    // file or flag ends them all with a message rather than a wait. Ranks
-    // load at their own pace: the start-up collectives get ten minutes.
-    dist::Communicator& comm = *o.comm;
-    const double steady = comm.timeout();
-    comm.set_timeout(std::max(steady, 600.0));
-    const uint8_t ok = m ? 1 : 0;
-    std::vector<uint8_t> all(size_t(comm.size()));
-    auto r = comm.all_gather(std::as_bytes(std::span<const uint8_t>(&ok, 1)),
-                             std::as_writable_bytes(std::span<uint8_t>(all)));
-    comm.set_timeout(steady);
-    if (!r) return r.error();
-    if (!m) return m.error();
-    for (int q = 0; q < comm.size(); ++q)
-      if (!all[size_t(q)])
-        return make_error("engine: rank " + std::to_string(q) +
-                          " could not load the model (its own message says why)");
-  }
+  if (e->distributed()) KV_TRY(agree_all_loaded(*o.comm, bool(m)));
   if (!m) return m.error();
   e->model_ = std::move(*m);
   auto t = o.tokenizer_path.empty() ? load_tokenizer(*files, &e->chat_template_)
@@ -256,21 +243,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   po.memory_bytes = budget;
   auto pool = PagePool::create(po);
   if (!pool) return pool.error();
-  if (e->distributed()) {
-    // Every rank schedules alike only with the same page count: the
-    // smallest rank's (ranks hold different KV heads, and read their own
-    // free memory at slightly different times).
-    const int64_t mine = (*pool)->num_pages();
-    std::vector<int64_t> all(size_t(o.comm->size()));
-    KV_TRY(o.comm->all_gather(std::as_bytes(std::span<const int64_t>(&mine, 1)),
-                              std::as_writable_bytes(std::span<int64_t>(all))));
-    const int64_t least = *std::min_element(all.begin(), all.end());
-    if (least != mine) {
-      po.num_pages = least;
-      pool = PagePool::create(po);
-      if (!pool) return pool.error();
-    }
-  }
+  if (e->distributed()) KV_TRY(agree_on_pages(*o.comm, po, *pool));
   e->pool_ = std::move(*pool);
   if (o.prefix_caching) {
     PrefixIndexOptions io;
@@ -310,12 +283,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
                  M.prefill_set() == M.decode_set() ? " (one set)" : " (both resident)");
   }
   return e;
-}
-
-std::string default_kv_scales_path(const std::string& model_path) {
-  std::string p = model_path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p + ".kv_scales.json";
 }
 
 Result<RequestId> Engine::submit(Request r) {
@@ -453,49 +420,6 @@ Result<void> Engine::exchange_inputs(std::vector<std::unique_ptr<Req>>& fresh,
     fresh.push_back(std::move(req));
   }
   cancels = std::move(in->cancelled);
-  return {};
-}
-
-Result<void> Engine::follow() {
-  if (!distributed() || rank() == 0)
-    return make_error("follow: only ranks other than 0 of a distributed engine follow");
-  while (!shutdown_seen_) KV_TRY(step());
-  return {};
-}
-
-// A digest of what decides every rank's behaviour: the checkpoint's config
-// and weight bytes per set, the engine options that steer scheduling and
-// numerics, the tokenizer's size. Ranks that differ would issue different
-// collectives and hang or compute garbage; they are refused at start.
-Result<void> Engine::check_ranks_agree() {
-  const ModelConfig& f = model_->full_config();
-  const EngineOptions& o = options_;
-  std::ostringstream s;
-  s << f.arch_name << ' ' << f.vocab << ' ' << f.hidden << ' ' << f.layers << ' ' << f.heads << ' '
-    << f.kv_heads << ' ' << f.head_dim << ' ' << f.ffn << ' ' << f.n_experts << ' ' << f.moe_ffn
-    << ' ' << f.moe_top_k << ' ' << f.kv_lora_rank << ' ' << f.max_positions << ' '
-    << f.rms_eps << ' ' << f.rope.theta << " | " << model_->set_precision(model_->prefill_set())
-    << ' ' << model_->set_precision(model_->decode_set()) << ' ' << o.prefill_weights << ' '
-    << o.decode_weights << ' ' << o.int4_group << ' ' << o.int4_lm_head << ' ' << int(o.kv_dtype)
-    << ' ' << int(o.kv_scale_mode) << ' ' << o.page_tokens << ' ' << o.max_step_tokens << ' '
-    << o.max_running << ' ' << o.max_context << ' ' << o.prefix_caching << ' '
-    << o.prefix_checksums << ' ' << o.integrity_checks << ' ' << o.debug_fault_interval << ' '
-    << o.debug_throw_step << ' ' << o.tp << ' ' << o.ep << ' ' << tokenizer_->vocab_size() << ' '
-    << capacity_.max_context;
-  const std::string text = s.str();
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  dist::Communicator& comm = *options_.comm;
-  std::vector<uint64_t> all(size_t(comm.size()));
-  KV_TRY(comm.all_gather(std::as_bytes(std::span<const uint64_t>(&h, 1)),
-                         std::as_writable_bytes(std::span<uint64_t>(all))));
-  for (int r = 1; r < comm.size(); ++r)
-    if (all[size_t(r)] != all[0])
-      return make_error("engine: rank " + std::to_string(r) + " loaded a different model or runs "
-                        "different options than rank 0 (start-up digest " +
-                        std::to_string(all[size_t(r)]) + " vs " + std::to_string(all[0]) +
-                        "); start every rank with the same model files and flags. This rank's: " +
-                        text);
   return {};
 }
 
@@ -859,92 +783,5 @@ Result<void> Engine::check_invariants() const { return scheduler_->check_invaria
 
 // ---------------------------------------------------------------------------
 // Static KV scale calibration.
-
-Result<KvScales> calibrate_kv_scales(ModelRunner& model, std::span<const int32_t> tokens,
-                                     int64_t chunk) {
-  const ModelConfig& c = model.config();
-  if (tokens.empty()) return make_error("calibrate-kv: no calibration tokens");
-  if (chunk <= 0) return make_error("calibrate-kv: chunk must be positive");
-  KvScales s;
-  s.layers = c.layers;
-  // MLA caches one latent row per token (K and V at once): one "head".
-  const int64_t kvh = c.cache_heads();
-  s.kv_heads = kvh;
-  s.k_amax.assign(size_t(c.layers * kvh), 0.f);
-  s.v_amax.assign(size_t(c.layers * kvh), 0.f);
-  std::vector<float> logits(size_t(c.vocab));
-  const int64_t hd = c.cache_dim();
-  for (size_t p = 0; p < tokens.size(); p += size_t(chunk)) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(tokens.size() - p));
-    SeqKv kv(c, n);
-    KV_TRY(model.forward(RunChunk{&kv, 0, tokens.subspan(p, size_t(n)), false}, logits));
-    const KvFormat& f = *kv.format;
-    for (int64_t l = 0; l < c.layers; ++l)
-      for (int64_t t = 0; t < n; ++t) {
-        const uint8_t* page = kv.pages[t / f.page_tokens] + l * f.layer_bytes;
-        const auto* kr = reinterpret_cast<const uint16_t*>(page + f.k_offset +
-                                                           (t % f.page_tokens) * f.row_bytes());
-        const auto* vr = reinterpret_cast<const uint16_t*>(page + f.v_offset +
-                                                           (t % f.page_tokens) * f.row_bytes());
-        for (int64_t h = 0; h < kvh; ++h) {
-          float& ka = s.k_amax[size_t(l * kvh + h)];
-          float& va = s.v_amax[size_t(l * kvh + h)];
-          for (int64_t d = 0; d < hd; ++d) {
-            uint32_t kb = uint32_t(kr[h * hd + d]) << 16, vb = uint32_t(vr[h * hd + d]) << 16;
-            float kf, vf;
-            std::memcpy(&kf, &kb, 4);
-            std::memcpy(&vf, &vb, 4);
-            if (std::isfinite(kf)) ka = std::max(ka, std::fabs(kf));
-            if (std::isfinite(vf)) va = std::max(va, std::fabs(vf));
-          }
-        }
-      }
-    s.tokens += n;
-  }
-  return s;
-}
-
-Result<void> save_kv_scales(const KvScales& s, const std::string& path) {
-  nlohmann::json j;
-  j["format"] = "kvant.kv_scales.v1";
-  j["layers"] = s.layers;
-  j["kv_heads"] = s.kv_heads;
-  j["tokens"] = s.tokens;
-  j["source"] = s.source;
-  j["k_amax"] = s.k_amax;
-  j["v_amax"] = s.v_amax;
-  std::ofstream f(path);
-  if (!f) return make_error("cannot write " + path);
-  f << j.dump(1) << "\n";
-  if (!f) return make_error("cannot write " + path);
-  return {};
-}
-
-Result<KvScales> load_kv_scales(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return make_error("cannot open KV scales file " + path);
-  auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("format", "") != "kvant.kv_scales.v1")
-    return make_error(path + ": not a kvant KV scales file (format kvant.kv_scales.v1)");
-  KvScales s;
-  try {
-    s.layers = j.at("layers").get<int64_t>();
-    s.kv_heads = j.at("kv_heads").get<int64_t>();
-    s.tokens = j.value("tokens", int64_t(0));
-    s.source = j.value("source", "");
-    s.k_amax = j.at("k_amax").get<std::vector<float>>();
-    s.v_amax = j.at("v_amax").get<std::vector<float>>();
-  } catch (const std::exception& e) {
-    return make_error(path + ": " + e.what());
-  }
-  const size_t want = size_t(s.layers * s.kv_heads);
-  if (s.layers <= 0 || s.kv_heads <= 0 || s.k_amax.size() != want || s.v_amax.size() != want)
-    return make_error(path + ": expected " + std::to_string(want) + " K and V scales");
-  for (size_t i = 0; i < want; ++i)
-    if (!std::isfinite(s.k_amax[i]) || !std::isfinite(s.v_amax[i]) || s.k_amax[i] < 0 ||
-        s.v_amax[i] < 0)
-      return make_error(path + ": scale " + std::to_string(i) + " is negative or not finite");
-  return s;
-}
 
 }  // namespace kvant
