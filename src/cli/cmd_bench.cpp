@@ -12,6 +12,7 @@
 #include "cli/engine_flags.h"
 #include "core/cpu.h"
 #include "core/threads.h"
+#include "dist/communicator.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "backend/backend.h"
@@ -40,6 +41,9 @@ struct BenchOpts {
   int threads = 0;
   int reps = 3;
   bool json = false;
+  // Under mpirun (README: Several processes).
+  int tp = 1, ep = 1;
+  double dist_timeout = 30;
 };
 
 double now_s() {
@@ -89,6 +93,19 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   ro.decode_weights = *dd_prec;
   ro.int4_group = o.int4_group;
   ro.int4_lm_head = o.int4_lm_head;
+  // Under mpirun every rank runs this same loop over the same random
+  // tokens: each forward is collective, and rank 0 reports.
+  int rank = 0;
+  if (dist::launched_by_mpirun() || o.tp > 1 || o.ep > 1) {
+    if (!dist::launched_by_mpirun()) return fail("--tp / --ep run under mpirun -np N");
+    auto comm = dist::make_communicator("mpi");
+    if (!comm) return fail(comm.error().message);
+    (*comm)->set_timeout(o.dist_timeout);
+    rank = (*comm)->rank();
+    ro.comm = std::shared_ptr<dist::Communicator>(std::move(*comm));
+    ro.tp = o.tp;
+    ro.ep = o.ep;
+  }
   auto m = ModelRunner::load(ro);
   if (!m) {
     std::fprintf(stderr, "kvant: %s\n", m.error().message.c_str());
@@ -101,7 +118,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab - 1));
   std::vector<float> logits(size_t(c.vocab));
-  double pp_sum = 0, tg_sum = 0;
+  double pp_sum = 0, tg_sum = 0, tg_comm = 0;
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
     SeqKv kv(c, ctx);
     double pp = 0, tg = 0;
@@ -121,6 +138,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
       SeqKv kv2(c, ctx);
       int32_t next = tok(rng);
       RunChunk chunk{&kv2, 0, std::span<const int32_t>(&next, 1), false};
+      const double c0 = model.comm_seconds();
       const double t0 = now_s();
       for (int i = 0; i < o.gen_tokens; ++i) {
         chunk.pos0 = i;
@@ -132,6 +150,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
         next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       tg = now_s() - t0;
+      if (rep > 0) tg_comm += model.comm_seconds() - c0;
     }
     if (rep > 0) {
       pp_sum += pp;
@@ -142,13 +161,16 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   const double tg_s = o.gen_tokens > 0 ? o.gen_tokens * o.reps / tg_sum : 0;
   const std::string isa_s = backend::backend_device("cpu");
   const char* isa = isa_s.c_str();
+  if (rank != 0) return 0;
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
+        "\"tp\": %d, \"ep\": %d, \"decode_comm_share\": %.4f, "
         "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
         "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
         "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
-        o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, wspec.c_str(),
+        o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.tp, o.ep,
+        tg_sum > 0 ? tg_comm / tg_sum : 0.0, wspec.c_str(),
         model.set_precision(model.prefill_set()).c_str(),
         model.set_precision(model.decode_set()).c_str(), o.int4_group,
         o.int4_lm_head ? "true" : "false", model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
@@ -162,6 +184,9 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
                 double(model.set_bytes(model.decode_set())) / (1 << 20), load_s);
     std::printf("prefill pp%d: %.1f tok/s\ndecode tg%d: %.1f tok/s\n", o.prompt_tokens, pp_s,
                 o.gen_tokens, tg_s);
+    if (ro.comm)
+      std::printf("tp %d ep %d: collectives %.1f%% of decode time\n", o.tp, o.ep,
+                  tg_sum > 0 ? 100.0 * tg_comm / tg_sum : 0.0);
   }
   return 0;
 }
@@ -213,12 +238,19 @@ int run_batch_config(const BenchOpts& o, const std::string& wspec, const std::st
   f.max_running = conc;
   f.no_prefix_cache = true;
   f.no_integrity = !integrity;
+  f.tp = o.tp;
+  f.ep = o.ep;
+  f.dist_timeout = o.dist_timeout;
   auto eo = engine_options(f);
   if (!eo) return fail(eo.error().message);
   eo->log_capacity = false;
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
+  if (eng.rank() != 0) {  // every rank goes through the same configurations
+    auto r = eng.follow();
+    return r ? 0 : fail(r.error().message);
+  }
   const int64_t vocab = eng.model_config().vocab;
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab - 1));
@@ -316,6 +348,10 @@ int run_batch_config(const BenchOpts& o, const std::string& wspec, const std::st
   j["kv_bytes_per_token"] = eng.capacity().bytes_per_token;
   j["integrity_checks"] = s1.integrity_checks - s0.integrity_checks;
   j["verify_s"] = s1.verify_seconds - s0.verify_seconds;
+  j["tp"] = o.tp;
+  j["ep"] = o.ep;
+  const double fwd = s1.forward_seconds - s0.forward_seconds;
+  j["comm_share"] = fwd > 0 ? (s1.comm_seconds - s0.comm_seconds) / fwd : 0.0;
   std::fprintf(stderr,
                "%-9s %-9s conc %3d integrity %-3s: %8.1f out tok/s | TTFT p50 %8.1f p95 %8.1f ms | TPOT "
                "p50 %7.2f p95 "
@@ -359,7 +395,7 @@ int run_batch_bench(const BenchOpts& o) {
   j["isa"] = backend::backend_device("cpu");
   j["kv_memory"] = o.kv_memory;
   j["configs"] = configs;
-  if (o.json) std::printf("%s\n", j.dump(2).c_str());
+  if (o.json && !configs.empty()) std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
 
@@ -395,6 +431,10 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch mode: tokens per step")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--tp", o.tp, "tensor-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ep", o.ep, "expert-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--dist-timeout", o.dist_timeout, "seconds a collective waits for a peer rank")
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")
       ->check(CLI::Range(1, 4096));
   register_bench_serve(*cmd);

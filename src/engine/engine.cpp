@@ -764,6 +764,7 @@ Result<void> Engine::run_until_idle() {
 
 EngineStats Engine::stats() const {
   EngineStats s = impl_->stats;
+  s.comm_seconds = model_->comm_seconds();
   const auto c = scheduler_->counters();
   s.running = c.running;
   s.waiting = c.waiting;

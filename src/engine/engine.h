@@ -163,6 +163,8 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t step_failures = 0;  // steps whose work threw (their requests failed)
   double forward_seconds = 0, verify_seconds = 0;
+  // Of forward_seconds, the time in collectives (tensor / expert parallelism).
+  double comm_seconds = 0;
 };
 
 struct KvCapacity {

@@ -3,11 +3,13 @@
 #include "engine/model_runner.h"
 
 #include "engine/weight_options.h"
+#include "io/model_files.h"
 #include "model/model.h"
 
 namespace kvant {
 
 struct ModelRunner::Impl {
+  std::shared_ptr<dist::Communicator> comm;  // outlives the model (declared first)
   std::unique_ptr<Model> model;
   Batch batch;  // reused: repeated forwards allocate nothing once it has grown
 };
@@ -25,9 +27,16 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::load(const RunnerOptions& o) {
   auto wo = parse_weight_options(o.prefill_weights, o.decode_weights, o.int4_group, o.int4_lm_head);
   if (!wo) return wo.error();
   wo->backend = o.backend;
-  auto m = Model::load(o.model_path, *wo);
+  auto files = ModelFiles::open(o.model_path);
+  if (!files) return files.error();
+  Parallelism par;
+  par.comm = o.comm.get();
+  par.tp = o.tp;
+  par.ep = o.ep;
+  auto m = Model::load(**files, *wo, par);
   if (!m) return m.error();
   std::unique_ptr<ModelRunner> r(new ModelRunner());
+  r->impl_->comm = o.comm;
   r->impl_->model = std::move(*m);
   return r;
 }
@@ -37,6 +46,7 @@ int ModelRunner::prefill_set() const { return impl_->model->prefill_set(); }
 int ModelRunner::decode_set() const { return impl_->model->decode_set(); }
 std::string ModelRunner::set_precision(int set) const { return impl_->model->set_precision(set); }
 size_t ModelRunner::set_bytes(int set) const { return impl_->model->set_bytes(set); }
+double ModelRunner::comm_seconds() const { return impl_->model->comm_seconds(); }
 
 void ModelRunner::reserve(int64_t tokens, int64_t context) {
   impl_->model->reserve(tokens, context);

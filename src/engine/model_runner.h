@@ -20,6 +20,9 @@
 #include "model/seq_kv.h"
 
 namespace kvant {
+namespace dist {
+class Communicator;
+}
 
 struct RunnerOptions {
   std::string model_path;  // GGUF file or Hugging Face directory
@@ -30,6 +33,10 @@ struct RunnerOptions {
   int int4_group = 128;
   bool int4_lm_head = false;
   std::string backend = "cpu";
+  // Tensor / expert parallelism (model/model.h, Parallelism): every rank
+  // loads its slice and must call forward with the same chunks, in step.
+  std::shared_ptr<dist::Communicator> comm;
+  int tp = 1, ep = 1;
 };
 
 // One sequence's chunk in a forward: `tokens` at positions pos0.. of the
@@ -74,6 +81,8 @@ class ModelRunner {
   // vocab] into `logits`, in chunk order. Returns an error for out-of-range
   // tokens or positions, or a buffer too small.
   Result<void> forward(std::span<const RunChunk> chunks, std::span<float> logits);
+  // Seconds of forward spent in collectives (0 in one process).
+  double comm_seconds() const;
   Result<void> forward(const RunChunk& chunk, std::span<float> logits) {
     return forward(std::span<const RunChunk>(&chunk, 1), logits);
   }

@@ -7,6 +7,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "core/check.h"
@@ -395,9 +396,11 @@ void Model::gather_logits(int64_t rows, std::span<float> logits) {
   const size_t block = size_t(rows * vpr) * sizeof(float);
   if (ws_->lg_all.size() < size_t(rows * vpr * n))
     ws_->lg_all = be_->alloc(block * size_t(n));
+  const auto t0 = std::chrono::steady_clock::now();
   auto r = comm_->all_gather(std::as_bytes(std::span<const float>(ws_->lg_local.data(), size_t(rows * vpr))),
                              std::as_writable_bytes(std::span<float>(ws_->lg_all.data(), size_t(rows * vpr * n))));
   if (!r) comm_failed(r.error());
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int64_t q = 0; q < n; ++q) {
     const int64_t c0 = q * vpr, w = std::max<int64_t>(0, std::min(vpr, V - c0));
     if (w == 0) continue;
@@ -410,8 +413,10 @@ void Model::gather_logits(int64_t rows, std::span<float> logits) {
 void Model::reduce_tp(F32 x) {
   if (!comm_ || tp_ <= 1) return;
   KV_CHECK(x.ld == x.cols);
+  const auto t0 = std::chrono::steady_clock::now();
   auto r = comm_->all_reduce_sum(std::span<float>(x.data, size_t(x.rows * x.cols)));
   if (!r) comm_failed(r.error());
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Model::comm_failed(const Error& e) {

@@ -106,6 +106,10 @@ class Model {
   dist::Communicator* communicator() const { return comm_; }
   int tp() const { return tp_; }
   int ep() const { return ep_; }
+  // Seconds spent in collectives during forwards so far (waiting for the
+  // slowest rank included): the communication share of a step is this over
+  // the forward's time.
+  double comm_seconds() const { return comm_seconds_; }
   const ModelWeights& weights() const { return sets_[0]; }
   const ModelWeights& weight_set(int i) const { return sets_[size_t(i)]; }
   int prefill_set() const { return prefill_set_; }
@@ -167,6 +171,7 @@ class Model {
   dist::ShardPlan shard_;
   dist::Communicator* comm_ = nullptr;
   int tp_ = 1, ep_ = 1;
+  double comm_seconds_ = 0;
   std::vector<ModelWeights> sets_;
   int prefill_set_ = 0, decode_set_ = 0;
   std::unique_ptr<backend::Backend> be_;
