@@ -29,8 +29,11 @@
 //
 // Waiting: every collective is MPI's non-blocking form (MPI_Ialltoallv,
 // MPI_Ibcast, ...) completed by a loop of MPI_Test that spins for the first
-// 50 us, then yields, then sleeps 100 us between tests. A short collective
-// (a decode step's all-reduce) completes while spinning; a rank waiting
+// 2 ms, then yields the core until 20 ms, then sleeps 200 us between tests.
+// A decode step's collectives (tens of microseconds, plus whatever the
+// ranks' arrival times differ by) complete while spinning: MPI's
+// non-blocking collectives advance one round per MPI_Test, so a sleep
+// between rounds would add its length to every round; a rank waiting
 // long (a follower waiting for rank 0's next step while the server is
 // idle) costs next to no CPU instead of MPI's busy poll, which on a small
 // machine would take a core from the ranks that compute. The loop also
@@ -167,7 +170,7 @@ class MpiCommunicator final : public Communicator {
     KV_TRY(check(rc, op, call));
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    for (int64_t i = 0;; ++i) {
+    for (;;) {
       int done = 0;
       KV_TRY(check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op, "MPI_Test"));
       if (done) return {};
@@ -177,11 +180,11 @@ class MpiCommunicator final : public Communicator {
                           std::to_string(size_) + ": " + op + ": " + call +
                           " did not complete within " + std::to_string(int(timeout_)) +
                           " s: a peer rank has died or hangs");
-      if (waited < 50e-6) continue;
-      if (waited < 1e-3)
+      if (waited < 2e-3) continue;
+      if (waited < 20e-3)
         sched_yield();
       else
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
