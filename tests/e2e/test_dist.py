@@ -32,7 +32,8 @@ def _open_mpi():
         v = subprocess.run([MPIRUN_BIN, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"mpirun --version failed: {e}"
-    if "Open MPI" not in v.stdout + v.stderr:
+    # mpirun names itself "(Open MPI)", mpiexec "(OpenRTE)": both Open MPI's.
+    if "Open MPI" not in v.stdout + v.stderr and "OpenRTE" not in v.stdout + v.stderr:
         return "mpirun is not Open MPI's (these tests use its flags and MPMD syntax)"
     return None
 
