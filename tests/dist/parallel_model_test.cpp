@@ -4,8 +4,10 @@
 // others follow), and rank 0 checks what it generates against one process
 // running the whole model alone:
 //  - greedy tokens equal the single-process run's, for three prompts in
-//    one batch;
-//  - each step's chosen-token log-probability is within a stated tolerance
+//    one batch (or part from it only at a near-tie: a step where one
+//    process's two best tokens were closer than the tolerance);
+//  - each step's chosen-token log-probability (up to where the runs part)
+//    is within a stated tolerance
 //    of the single-process one (TP sums partial products in another order;
 //    with EP alone every sum is the one process's and they are equal bit
 //    for bit);
@@ -15,6 +17,7 @@
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
 // when every check on rank 0 passed; a failing rank 0 still shuts the
 // followers down (its engine's destructor), so the job ends either way.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +38,10 @@ std::string decode_weights = "native";  // --decode-weights: the split-set form 
 struct Run {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
+  // The gap between the two most likely tokens' log-probabilities per step:
+  // where runs part, a small gap says the two computations only ranked a
+  // near-tie differently.
+  std::vector<std::vector<float>> margin;
 };
 
 std::vector<std::vector<int32_t>> prompts(int64_t vocab) {
@@ -70,10 +77,13 @@ Result<void> generate(Engine& e, const std::vector<std::vector<int32_t>>& ps,
     r.stop.max_tokens = max_tokens;
     r.stop.ignore_eos = true;
     r.logprobs = true;
+    r.sampling.top_logprobs = 2;
     r.on_event = [&out, i](const RequestEvent& ev) {
       if (ev.token < 0) return;
       out.tokens[i].push_back(ev.token);
       out.logprobs[i].push_back(ev.logprobs ? ev.logprobs->chosen.logprob : NAN);
+      const auto top = ev.logprobs ? ev.logprobs->top_tokens() : std::span<const TokenLogprob>{};
+      out.margin[i].push_back(top.size() >= 2 ? top[0].logprob - top[1].logprob : NAN);
     };
     auto id = e.submit(std::move(r));
     if (!id) return id.error();
@@ -86,6 +96,7 @@ Result<Run> run_all(Engine& e, const std::vector<std::vector<int32_t>>& ps, int 
   Run r;
   r.tokens.resize(ps.size());
   r.logprobs.resize(ps.size());
+  r.margin.resize(ps.size());
   if (one_at_a_time) {
     for (size_t i = 0; i < ps.size(); ++i) KV_TRY(generate(e, ps, {i}, max_tokens, r));
   } else {
@@ -183,9 +194,25 @@ int main(int argc, char** argv) {
     double worst = 0, first = 0;
     for (size_t i = 0; i < ps.size(); ++i) {
       const std::string at = name + " prompt " + std::to_string(i);
-      check(batch->tokens[i] == ref.tokens[i], at + ": greedy tokens differ from one process's");
+      // The first step where the runs part (their length when they do not).
+      size_t part = 0;
+      while (part < batch->tokens[i].size() && part < ref.tokens[i].size() &&
+             batch->tokens[i][part] == ref.tokens[i][part])
+        ++part;
+      if (batch->tokens[i] != ref.tokens[i]) {
+        // Allowed only at a near-tie: one process's two best tokens closer
+        // than the tolerance the log-probabilities are held to.
+        const double gap = part < ref.margin[i].size() ? ref.margin[i][part] : NAN;
+        const bool tie = gap <= tol;
+        std::printf("%s: parts from one process at step %zu, where its two best tokens were %.4f "
+                    "apart (%s)\n", at.c_str(), part, gap, tie ? "a near-tie" : "not a tie");
+        check(tie, at + ": greedy tokens differ from one process's from step " +
+                       std::to_string(part) + ", where one process's two best tokens were " +
+                       std::to_string(gap) + " apart in log-probability (tolerance " +
+                       std::to_string(tol) + ")");
+      }
       check(batch->tokens[i].size() == size_t(max_tokens), at + ": wrong token count");
-      for (size_t s = 0; s < std::min(batch->logprobs[i].size(), ref.logprobs[i].size()); ++s) {
+      for (size_t s = 0; s < std::min({batch->logprobs[i].size(), ref.logprobs[i].size(), part}); ++s) {
         const double d = std::fabs(double(batch->logprobs[i][s]) - ref.logprobs[i][s]);
         worst = std::max(worst, d);
         if (s == 0) first = std::max(first, d);
