@@ -37,6 +37,26 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+// Under --tp / --ep, each rank's share: the weights it holds and its
+// memory as the kernel counts it (/proc/self/status: VmRSS, VmHWM, RssAnon),
+// to set beside `kvant plan --tp N --ep M`.
+void report_memory(const Engine& eng) {
+  if (eng.ranks() <= 1) return;
+  std::ifstream f("/proc/self/status");
+  std::string line, rss = "?", hwm = "?", anon = "?";
+  auto mib = [](const std::string& l) {
+    return std::to_string(std::stoll(l.substr(l.find(':') + 1)) / 1024) + " MiB";
+  };
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = mib(line);
+    if (line.rfind("VmHWM:", 0) == 0) hwm = mib(line);
+    if (line.rfind("RssAnon:", 0) == 0) anon = mib(line);
+  }
+  std::fprintf(stderr, "kvant: rank %d of %d: weights %zu MiB held; RSS %s (peak %s), anonymous %s\n",
+               eng.rank(), eng.ranks(), eng.weight_bytes() >> 20, rss.c_str(), hwm.c_str(),
+               anon.c_str());
+}
+
 int run_generate(const GenOpts& o) {
   auto eo = engine_options(o.engine);
   if (!eo) return fail(eo.error().message);
@@ -46,6 +66,7 @@ int run_generate(const GenOpts& o) {
   Engine& eng = **created;
   if (eng.rank() != 0) {  // a follower of rank 0's engine (mpirun, --tp / --ep)
     auto r = eng.follow();
+    report_memory(eng);
     return r ? 0 : fail(r.error().message);
   }
   const Tokenizer& tok = eng.tokenizer();
@@ -97,6 +118,7 @@ int run_generate(const GenOpts& o) {
   auto done = eng.run_until_idle();
   if (!done) return fail(done.error().message);
   std::printf("\n");
+  report_memory(eng);
   if (finish == FinishReason::Error) return fail(error);
   const double prefill_s = t_first - t0;
   const double decode_s = t_last - t_first;

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "dist/shard_plan.h"
+#include "model/config.h"
 #include "engine/kv_plan.h"
 #include "engine/weight_plan.h"
 #include "io/json_text.h"
@@ -18,6 +20,7 @@ struct PlanOpts {
   std::string config;
   std::string memory;
   int64_t tp = 1;
+  int64_t ep = 1;  // expert-parallel ranks (1, or tp's count: EP over the TP ranks)
   std::string kv_dtype = "all";
   std::string scales = "dynamic";  // the engine's default (docs/FORMATS.md, Scales)
   int64_t page_tokens = 16;
@@ -50,8 +53,43 @@ int fail(const std::string& msg) {
   return 1;
 }
 
+// What each rank of `kvant serve --tp TP --ep EP` holds (dist/shard_plan.h):
+// checkpoint parameters and their BF16 bytes, per rank. Empty when the
+// config is not one kvant loads (the KV plan above still applies).
+Result<nlohmann::json> shard_report(const std::string& path, int64_t tp, int64_t ep,
+                                    std::string& text) {
+  auto c = config_from_hf_json(path);
+  if (!c) return c.error();
+  const int64_t n = std::max(tp, ep);
+  nlohmann::json ranks = nlohmann::json::array();
+  const int64_t full = dist::full_weight_params(*c);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\nweights per rank, --tp %lld --ep %lld (shard plan; BF16 bytes):\n",
+                (long long)tp, (long long)ep);
+  text += buf;
+  int64_t sum = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    auto p = dist::make_shard_plan(*c, int(tp), tp > 1 ? int(r) : 0, int(ep), ep > 1 ? int(r) : 0);
+    if (!p) return p.error();
+    const int64_t params = dist::shard_weight_params(*c, *p);
+    sum += params;
+    ranks.push_back({{"rank", r}, {"params", params}, {"bf16_bytes", 2 * params}});
+    std::snprintf(buf, sizeof buf, "  rank %lld: %.3fB parameters, %s (%.1f%% of the model)\n",
+                  (long long)r, double(params) / 1e9, gb(2.0 * double(params)).c_str(),
+                  100.0 * double(params) / double(full));
+    text += buf;
+  }
+  std::snprintf(buf, sizeof buf, "  whole model: %.3fB parameters; over all ranks %.3fB (%.1f%% replicated)\n",
+                double(full) / 1e9, double(sum) / 1e9, 100.0 * double(sum - full) / double(full));
+  text += buf;
+  return nlohmann::json{{"tp", tp}, {"ep", ep}, {"full_params", full}, {"ranks", ranks}};
+}
+
 int run_plan(const PlanOpts& o) {
-  if (o.memory.empty() && o.gpus <= 0) return fail("give --memory (a KV budget per rank) or --gpus");
+  if (o.ep > 1 && o.tp > 1 && o.ep != o.tp)
+    return fail("--ep runs over the TP ranks: give --ep 1 or --ep " + std::to_string(o.tp));
+  if (o.memory.empty() && o.gpus <= 0 && o.tp <= 1 && o.ep <= 1)
+    return fail("give --memory (a KV budget per rank), --gpus, or --tp/--ep for the weights per rank");
   auto bytes = parse_byte_size(o.memory.empty() ? "1GiB" : o.memory);
   if (!bytes) return fail(bytes.error().message);
   KvPlanOptions po;
@@ -86,13 +124,22 @@ int run_plan(const PlanOpts& o) {
   // Weights (only where the config describes a decoder kvant can size).
   auto weights = weight_plan_from_config(*cfg);
   if (o.gpus <= 0) {
+    std::string shard_text;
+    nlohmann::json shard;
+    if (o.tp > 1 || o.ep > 1) {
+      auto s = shard_report(path, o.tp, o.ep, shard_text);
+      if (!s) return fail(path + ": " + s.error().message);
+      shard = *s;
+    }
     if (o.json) {
       auto j = kv_plan_to_json(*plan);
       j["config"] = path;
       if (weights) j["weights"] = weight_plan_to_json(*weights);
+      if (!shard.is_null()) j["shard"] = shard;
       std::printf("%s\n", j.dump().c_str());
     } else {
       if (!o.memory.empty()) std::fputs(kv_plan_to_text(*plan).c_str(), stdout);
+      std::fputs(shard_text.c_str(), stdout);
     }
     return 0;
   }
@@ -200,6 +247,8 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--headroom", o.headroom,
                   "share of each GPU kept for activations, graphs and communication (default 0.12)");
   cmd->add_option("--tp", o.tp, "tensor-parallel ranks")->check(CLI::Range(1, 4096));
+  cmd->add_option("--ep", o.ep, "expert-parallel ranks (1, or the same as --tp)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--kv-dtype", o.kv_dtype, "bf16, fp8_e4m3, fp8_e5m2 or all (default all)");
   cmd->add_option("--scales", o.scales, "FP8 scales: dynamic (the engine's default) or static");
   cmd->add_option("--page-tokens", o.page_tokens, "tokens per KV page")

@@ -432,7 +432,14 @@ Result<void> Engine::admit_inbox() {
     cancels.swap(cancels_);
   }
   if (distributed()) {
-    KV_TRY(exchange_inputs(fresh, cancels));
+    // A rank that cannot exchange its step inputs leaves the others waiting
+    // in this step's collectives: every rank stops, with the reason.
+    if (auto x = exchange_inputs(fresh, cancels); !x) {
+      std::fprintf(stderr, "kvant: rank %d of %d: %s; stopping every rank\n", rank(), ranks(),
+                   x.error().message.c_str());
+      std::fflush(stderr);
+      options_.comm->abort(3);
+    }
     if (shutdown_seen_) return {};
   }
   auto& I = *impl_;

@@ -217,6 +217,9 @@ class Engine {
   // This process's rank and the number of ranks (0 and 1 alone).
   int rank() const;
   int ranks() const;
+  // Bytes of the weights this process holds (its slice under TP / EP),
+  // every resident set counted once.
+  size_t weight_bytes() const;
   bool idle() const;
 
   EngineStats stats() const;

@@ -58,6 +58,12 @@ Result<void> Engine::check_ranks_agree() {
   return {};
 }
 
+size_t Engine::weight_bytes() const {
+  size_t b = model_->set_bytes(model_->prefill_set());
+  if (model_->decode_set() != model_->prefill_set()) b += model_->set_bytes(model_->decode_set());
+  return b;
+}
+
 // Every rank learns whether every other one loaded, so that one bad file or
 // flag ends them all with a message rather than a wait. Ranks load at their
 // own pace: this collective gets ten minutes.
