@@ -17,6 +17,8 @@
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
 // when every check on rank 0 passed; a failing rank 0 still shuts the
 // followers down (its engine's destructor), so the job ends either way.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
   int tp = 1, ep = 1;
   double tol = 0;
   std::string tokenizer;
+  bool distinct_netns = false;  // the two-host test: ranks in different network namespaces
   std::vector<std::string> models;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -134,6 +137,7 @@ int main(int argc, char** argv) {
     else if (a == "--tol" && i + 1 < argc) tol = std::atof(argv[++i]);
     else if (a == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
     else if (a == "--decode-weights" && i + 1 < argc) decode_weights = argv[++i];
+    else if (a == "--distinct-netns") distinct_netns = true;
     else models.push_back(a);
   }
   auto made = dist::make_communicator(dist::launched_by_mpirun() ? "mpi" : "local");
@@ -144,6 +148,23 @@ int main(int argc, char** argv) {
   std::shared_ptr<dist::Communicator> comm(std::move(*made));
   comm->set_timeout(120);
   const bool lead = comm->rank() == 0;
+  if (distinct_netns) {
+    // Each rank's network namespace (the inode /proc/self/ns/net names):
+    // the two-host test must really run its ranks on two "hosts".
+    struct stat st {};
+    const uint64_t mine = ::stat("/proc/self/ns/net", &st) == 0 ? uint64_t(st.st_ino) : 0;
+    std::vector<uint64_t> all(size_t(comm->size()));
+    if (!comm->all_gather(std::as_bytes(std::span<const uint64_t>(&mine, 1)),
+                          std::as_writable_bytes(std::span<uint64_t>(all))))
+      comm->abort(2);
+    if (lead) {
+      std::printf("network namespaces of the ranks:");
+      for (uint64_t x : all) std::printf(" %llu", (unsigned long long)x);
+      std::printf("\n");
+      check(all.size() == 2 && all[0] != 0 && all[0] != all[1],
+            "the ranks share a network namespace: not a two-host run");
+    }
+  }
   const int max_tokens = 12;
   for (const std::string& model : models) {
     const std::string name = model.substr(model.find_last_of('/') + 1);
