@@ -153,14 +153,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
                       std::to_string(o.page_tokens));
   if (o.max_step_tokens <= 0 || o.max_running <= 0)
     return make_error("engine: max_step_tokens and max_running must be positive");
-  {
-    const int n = o.comm ? o.comm->size() : 1;
-    if ((o.tp != 1 && o.tp != n) || (o.ep != 1 && o.ep != n) || std::max(o.tp, o.ep) != n)
-      return make_error("engine: " + std::to_string(n) + " process(es) run --tp " +
-                        std::to_string(o.tp) + " --ep " + std::to_string(o.ep) +
-                        ": each must be 1 or the number of processes (mpirun -np), and one of "
-                        "them that number");
-  }
+  if (auto p = check_parallelism({o.comm.get(), o.tp, o.ep}); !p)
+    return make_error("engine: " + p.error().message);
 
   // Load on a thread of its own. Its OpenMP workers go away with it, so the
   // caller's thread keeps no idle team: a server that creates the engine on

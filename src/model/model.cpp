@@ -7,7 +7,6 @@
 #include "model/model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include "core/check.h"
@@ -83,14 +82,20 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const Weight
   return load(**files, opts);
 }
 
-Result<void> Model::set_parallelism(const Parallelism& par, const ModelConfig& full,
-                                   const dist::ShardPlan& plan) {
+Result<void> check_parallelism(const Parallelism& par) {
   const int n = par.comm ? par.comm->size() : 1;
   if ((par.tp != 1 && par.tp != n) || (par.ep != 1 && par.ep != n) || std::max(par.tp, par.ep) != n)
-    return make_error("parallelism: with " + std::to_string(n) + " process(es), --tp and --ep " +
-                      "must each be 1 or " + std::to_string(n) + " and one of them " +
-                      std::to_string(n) + " (got tp " + std::to_string(par.tp) + ", ep " +
-                      std::to_string(par.ep) + ")");
+    return make_error(std::to_string(n) + " process(es) run --tp " + std::to_string(par.tp) +
+                      " --ep " + std::to_string(par.ep) +
+                      ": each must be 1 or the number of processes (mpirun -np), and one of "
+                      "them that number");
+  return {};
+}
+
+Result<void> Model::set_parallelism(const Parallelism& par, const ModelConfig& full,
+                                   const dist::ShardPlan& plan) {
+  KV_TRY(check_parallelism(par));
+  const int n = par.comm ? par.comm->size() : 1;
   comm_ = n > 1 ? par.comm : nullptr;
   tp_ = par.tp;
   ep_ = par.ep;
@@ -103,6 +108,7 @@ Result<void> Model::set_parallelism(const Parallelism& par, const ModelConfig& f
 
 Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const WeightOptions& opts,
                                            const Parallelism& par) {
+  KV_TRY(check_parallelism(par));
   const int ranks = par.comm ? par.comm->size() : 1, rank = par.comm ? par.comm->rank() : 0;
   // Resolve kNative to the checkpoint's form, then load each distinct form once.
   const WeightPrecision native = files.int4() ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
@@ -396,11 +402,11 @@ void Model::gather_logits(int64_t rows, std::span<float> logits) {
   const size_t block = size_t(rows * vpr) * sizeof(float);
   if (ws_->lg_all.size() < size_t(rows * vpr * n))
     ws_->lg_all = be_->alloc(block * size_t(n));
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = comm_->all_gather(std::as_bytes(std::span<const float>(ws_->lg_local.data(), size_t(rows * vpr))),
-                             std::as_writable_bytes(std::span<float>(ws_->lg_all.data(), size_t(rows * vpr * n))));
-  if (!r) comm_failed(r.error());
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  collective([&] {
+    return comm_->all_gather(
+        std::as_bytes(std::span<const float>(ws_->lg_local.data(), size_t(rows * vpr))),
+        std::as_writable_bytes(std::span<float>(ws_->lg_all.data(), size_t(rows * vpr * n))));
+  });
   for (int64_t q = 0; q < n; ++q) {
     const int64_t c0 = q * vpr, w = std::max<int64_t>(0, std::min(vpr, V - c0));
     if (w == 0) continue;
@@ -413,10 +419,7 @@ void Model::gather_logits(int64_t rows, std::span<float> logits) {
 void Model::reduce_tp(F32 x) {
   if (!comm_ || tp_ <= 1) return;
   KV_CHECK(x.ld == x.cols);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = comm_->all_reduce_sum(std::span<float>(x.data, size_t(x.rows * x.cols)));
-  if (!r) comm_failed(r.error());
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  collective([&] { return comm_->all_reduce_sum(std::span<float>(x.data, size_t(x.rows * x.cols))); });
 }
 
 void Model::comm_failed(const Error& e) {

@@ -76,6 +76,9 @@ struct Parallelism {
   dist::Communicator* comm = nullptr;
   int tp = 1, ep = 1;
 };
+// Errors: tp or ep neither 1 nor the process count, or neither of them the
+// process count (Model::load checks before it reads a weight).
+Result<void> check_parallelism(const Parallelism& par);
 
 class Model {
  public:
@@ -153,6 +156,10 @@ class Model {
   // collective and cannot go on.
   void reduce_tp(backend::F32 x);
   void comm_failed(const Error& e);
+  // Runs one collective (a callable returning Result<void>): its time goes
+  // to comm_seconds_, a failure to comm_failed.
+  template <class F>
+  void collective(F&& call);
   void moe_combine_ep(int64_t n, backend::F32 os);  // blocks/moe.cpp
   void gather_logits(int64_t rows, std::span<float> logits);
   void attention(int64_t layer);           // blocks/attention.cpp

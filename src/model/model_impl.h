@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <chrono>
+
 #include "model/model.h"
 
 namespace kvant {
@@ -39,10 +41,17 @@ struct Model::Workspace {
   // and received from each rank, each rank's combined token rows, and the
   // all-gather of them ([ranks * rows_per_rank, H]).
   backend::Buffer<float> lg_local, lg_all, ep_send, ep_recv, ep_own, ep_all;
-  std::vector<int64_t> ep_src_rows, ep_recv_slot, ep_dst_rows;
+  std::vector<int64_t> ep_src_rows, ep_recv_slot, ep_fill, ep_base;
   std::vector<size_t> ep_send_bytes, ep_recv_bytes;
   std::vector<int32_t> sel;
   std::vector<uint8_t> sparse;
 };
+
+template <class F>
+void Model::collective(F&& call) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto r = call(); !r) comm_failed(r.error());
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace kvant

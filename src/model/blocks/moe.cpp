@@ -4,7 +4,6 @@
 // sums its experts' outputs in ascending expert order (so a token's result
 // does not depend on the batch). Shared experts see every token and are
 // added after the routed sum. Each row segment uses its weight set's experts.
-#include <chrono>
 #include <span>
 
 #include "model/blocks/blocks.h"
@@ -95,7 +94,10 @@ void Model::moe_combine_ep(int64_t n, backend::F32 os) {
   }
   const auto [a, b] = tokens_of(me);
   const int64_t mine = b - a;
-  std::vector<int64_t> fill(size_t(N), 0), base(size_t(N) + 1, 0);
+  std::vector<int64_t>& fill = ws.ep_fill;
+  std::vector<int64_t>& base = ws.ep_base;
+  fill.assign(size_t(N), 0);
+  base.assign(size_t(N) + 1, 0);
   for (int64_t i = a * k; i < b * k; ++i) ++base[size_t(owner(ids[i])) + 1];
   for (int64_t q = 0; q < N; ++q) {
     ws.ep_recv_bytes[size_t(q)] = size_t(base[size_t(q) + 1] * H) * sizeof(float);
@@ -117,22 +119,21 @@ void Model::moe_combine_ep(int64_t n, backend::F32 os) {
   const backend::F32 ys = dense(ws.moe_y.data(), n * k, H);
   const backend::F32 send = dense(ws.ep_send.data(), sent, H), recv = dense(ws.ep_recv.data(), got, H);
   if (sent > 0) be_->copy_rows(ys, ws.ep_src_rows.data(), send, nullptr, sent);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = comm_->all_to_all_v(
-      std::as_bytes(std::span<const float>(ws.ep_send.data(), size_t(sent * H))), ws.ep_send_bytes,
-      std::as_writable_bytes(std::span<float>(ws.ep_recv.data(), size_t(got * H))), ws.ep_recv_bytes);
-  if (!r) comm_failed(r.error());
-  const auto t1 = std::chrono::steady_clock::now();
+  collective([&] {
+    return comm_->all_to_all_v(
+        std::as_bytes(std::span<const float>(ws.ep_send.data(), size_t(sent * H))),
+        ws.ep_send_bytes,
+        std::as_writable_bytes(std::span<float>(ws.ep_recv.data(), size_t(got * H))),
+        ws.ep_recv_bytes);
+  });
   const backend::F32 own = dense(ws.ep_own.data(), per, H);
   if (mine > 0)
     be_->moe_combine(recv, ws.moe_w.data() + a * k, ws.ep_recv_slot.data(), k, own.sub_rows(0, mine));
-  const auto t_gather = std::chrono::steady_clock::now();
-  r = comm_->all_gather(std::as_bytes(std::span<const float>(ws.ep_own.data(), size_t(per * H))),
-                        std::as_writable_bytes(std::span<float>(ws.ep_all.data(), size_t(N * per * H))));
-  if (!r) comm_failed(r.error());
-  const auto t2 = std::chrono::steady_clock::now();
-  comm_seconds_ += std::chrono::duration<double>(t1 - t0).count() +
-                   std::chrono::duration<double>(t2 - t_gather).count();
+  collective([&] {
+    return comm_->all_gather(
+        std::as_bytes(std::span<const float>(ws.ep_own.data(), size_t(per * H))),
+        std::as_writable_bytes(std::span<float>(ws.ep_all.data(), size_t(N * per * H))));
+  });
   be_->copy_rows(dense(ws.ep_all.data(), N * per, H), nullptr, os, nullptr, n);
 }
 
