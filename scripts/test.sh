@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/fetch_model.sh all
 bash scripts/build.sh
+bash scripts/build_cuda.sh
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 -j "$(nproc)"

@@ -23,7 +23,9 @@
 #include "cli/engine_flags.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "dist/communicator.h"
 #include "engine/model_runner.h"
+#include "eval/eval_link.h"
 #include "eval/report.h"
 #include "eval/runner.h"
 
@@ -49,43 +51,53 @@ struct CompareOpts {
   std::string a, b, json_out;
 };
 
+// The in-process run's engine options, made once (under mpirun that makes
+// the communicator), and over several ranks the link rank 0 leads the
+// others with (eval/eval_link.h).
+struct Local {
+  EngineOptions eo;
+  std::unique_ptr<EvalLink> link;
+  bool leader() const { return link && link->rank() == 0; }
+};
+
 // The in-process model and its scorer (Ctx::load_model).
-Result<void> load_model(const Opts& o, Ctx& c) {
-  if (o.ef.model.empty()) return make_error("eval: -m MODEL or --url URL is required");
-  auto eo = engine_options(o.ef);
-  if (!eo) return eo.error();
+Result<void> load_model(const Opts& o, const Local& l, Ctx& c) {
+  const EngineOptions& eo = l.eo;
+  if (l.leader()) KV_TRY(l.link->send(EvalOp::kLoad));
   RunnerOptions ro;
-  ro.model_path = eo->model_path;
-  ro.prefill_weights = eo->prefill_weights;
-  ro.decode_weights = eo->decode_weights;
-  ro.int4_group = eo->int4_group;
-  ro.int4_lm_head = eo->int4_lm_head;
+  ro.model_path = eo.model_path;
+  ro.prefill_weights = eo.prefill_weights;
+  ro.decode_weights = eo.decode_weights;
+  ro.int4_group = eo.int4_group;
+  ro.int4_lm_head = eo.int4_lm_head;
+  ro.comm = eo.comm;
+  ro.tp = eo.tp;
+  ro.ep = eo.ep;
   auto m = ModelRunner::load(ro);
   if (!m) return m.error();
   c.model = std::move(*m);
-  const ModelConfig& mc = c.model->config();
+  const ModelConfig& full = c.model->full_config();
   SeqKvOptions kv;
-  if (eo->kv_dtype != KvDType::kBf16) {
-    kv.elem = eo->kv_dtype == KvDType::kFp8E4m3 ? KvDType::kFp8E4m3
-                                                : KvDType::kFp8E5m2;
-    if (eo->kv_scale_mode == KvScaleMode::kDynamic) {
+  if (eo.kv_dtype != KvDType::kBf16) {
+    kv.elem = eo.kv_dtype == KvDType::kFp8E4m3 ? KvDType::kFp8E4m3 : KvDType::kFp8E5m2;
+    if (eo.kv_scale_mode == KvScaleMode::kDynamic) {
       kv.dynamic_scales = true;
     } else {
-      const std::string path = eo->kv_scales_path.empty() ? default_kv_scales_path(eo->model_path)
-                                                          : eo->kv_scales_path;
+      const std::string path = eo.kv_scales_path.empty() ? default_kv_scales_path(eo.model_path)
+                                                         : eo.kv_scales_path;
       auto s = load_kv_scales(path);
       if (!s) return s.error();
-      if (s->layers != mc.layers || s->kv_heads != mc.kv_heads)
-        return make_error("eval: " + path + " does not match the model's layers x KV heads");
-      const float mf = kv_dtype_max_finite(eo->kv_dtype);
-      for (size_t i = 0; i < s->k_amax.size(); ++i) {
-        kv.static_k.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
-        kv.static_v.push_back(s->v_amax[i] > 0 ? s->v_amax[i] / mf : 1.f);
-      }
+      // This rank's heads (all of them in one process).
+      const auto [h0, h1] = c.model->kv_heads_held();
+      auto sc = static_kv_scales(*s, path, full.layers, full.cache_heads(), h0, h1, eo.kv_dtype);
+      if (!sc) return make_error("eval: " + sc.error().message);
+      kv.static_k = std::move(sc->k);
+      kv.static_v = std::move(sc->v);
     }
   }
-  const int64_t cap = std::min<int64_t>(o.max_len, mc.max_positions);
+  const int64_t cap = std::min<int64_t>(o.max_len, full.max_positions);
   c.scorer = std::make_unique<LoglikScorer>(*c.model, kv, cap, o.chunk);
+  if (l.leader()) c.scorer->set_link(l.link.get());
   return {};
 }
 
@@ -99,12 +111,12 @@ Result<void> load_tokenizer(const Opts& o, Ctx& c) {
 
 // The engine GSM8K generates with (Ctx::make_engine): 512 MiB of KV unless
 // the flags say, and room for --concurrency requests at once.
-Result<std::unique_ptr<Engine>> make_engine(const Opts& o) {
-  auto eo = engine_options(o.ef);
-  if (!eo) return eo.error();
-  if (eo->kv_memory_bytes == 0) eo->kv_memory_bytes = int64_t(512) << 20;
-  eo->max_running = std::max<int64_t>(eo->max_running, o.concurrency);
-  return Engine::create(*eo);
+Result<std::unique_ptr<Engine>> make_engine(const Opts& o, const Local& l) {
+  if (l.leader()) KV_TRY(l.link->send(EvalOp::kEngine));
+  EngineOptions eo = l.eo;
+  if (eo.kv_memory_bytes == 0) eo.kv_memory_bytes = int64_t(512) << 20;
+  eo.max_running = std::max<int64_t>(eo.max_running, o.concurrency);
+  return Engine::create(eo);
 }
 
 json run_config(const Opts& o) {
@@ -129,26 +141,14 @@ json run_config(const Opts& o) {
           {"kl_top_k", o.kl_top_k}};
 }
 
-int run_eval(Opts& o) {
-  o.ref = {o.ef.model, o.ef.prefill_weights, o.ef.decode_weights, o.ef.kv_dtype, o.ef.kv_scale};
-  if (o.ef.threads > 0) set_num_threads(o.ef.threads);
-  if (o.out.empty()) return fail("eval: --out FILE.json is required (the resume file sits beside it)");
-  std::vector<std::string> tasks;
-  {
-    std::stringstream ss(o.tasks);
-    for (std::string t; std::getline(ss, t, ',');)
-      if (!t.empty()) tasks.push_back(t);
-  }
-  for (const auto& t : tasks)
-    if (t != "arc_challenge" && t != "mmlu" && t != "gsm8k" && t != "wikitext" && t != "kl")
-      return fail("eval: unknown task '" + t + "' (arc_challenge, mmlu, gsm8k, wikitext, kl)");
-  if (o.url.empty() && o.ef.model.empty()) return fail("eval: give -m MODEL or --url URL");
+// Rank 0's run (or the only one's): every task, the result files and the table.
+int run_tasks(Opts& o, const std::vector<std::string>& tasks, Local& l) {
   auto data = DataDir::open(o.data.empty() ? default_data_dir() : o.data);
   if (!data) return fail(data.error().message);
   Ctx c(o, std::move(*data));
-  c.load_model = [&o](Ctx& x) { return load_model(o, x); };
+  c.load_model = [&o, &l](Ctx& x) { return load_model(o, l, x); };
   c.load_tokenizer = [&o](Ctx& x) { return load_tokenizer(o, x); };
-  c.make_engine = [&o] { return make_engine(o); };
+  c.make_engine = [&o, &l] { return make_engine(o, l); };
   if (!o.url.empty()) {
     if (!parse_http_url(o.url, c.target)) return fail("eval: cannot parse --url " + o.url);
     c.served_model = o.served_model;
@@ -172,6 +172,7 @@ int run_eval(Opts& o) {
   result["label"] = o.label;
   result["config"] = run_config(o);
   if (!o.url.empty()) result["config"]["served_model"] = c.served_model;
+  if (l.link) result["config"]["ranks"] = {{"tp", o.ef.tp}, {"ep", o.ef.ep}};
   result["threads"] = o.ef.threads;
   const auto t0 = Clock::now();
   for (const auto& t : tasks) {
@@ -180,6 +181,8 @@ int run_eval(Opts& o) {
     else if (t == "wikitext") r = run_wikitext(c);
     else if (t == "kl") r = run_kl(c);
     else r = run_mc(c, t);
+    // The other ranks follow an engine until this one's goes away.
+    if (l.link) c.engine.reset();
     if (!r) return fail(r.error().message + " (finished items are kept in " + partial + ")");
     result["tasks"][t] = *r;
   }
@@ -197,6 +200,52 @@ int run_eval(Opts& o) {
   std::printf("%s", table.c_str());
   std::filesystem::remove(partial);
   return 0;
+}
+
+int run_eval(Opts& o) {
+  o.ref = {o.ef.model, o.ef.prefill_weights, o.ef.decode_weights, o.ef.kv_dtype, o.ef.kv_scale};
+  if (o.ef.threads > 0) set_num_threads(o.ef.threads);
+  if (o.out.empty()) return fail("eval: --out FILE.json is required (the resume file sits beside it)");
+  std::vector<std::string> tasks;
+  {
+    std::stringstream ss(o.tasks);
+    for (std::string t; std::getline(ss, t, ',');)
+      if (!t.empty()) tasks.push_back(t);
+  }
+  for (const auto& t : tasks)
+    if (t != "arc_challenge" && t != "mmlu" && t != "gsm8k" && t != "wikitext" && t != "kl")
+      return fail("eval: unknown task '" + t + "' (arc_challenge, mmlu, gsm8k, wikitext, kl)");
+  if (o.url.empty() && o.ef.model.empty()) return fail("eval: give -m MODEL or --url URL");
+  Local l;
+  if (o.url.empty()) {
+    auto eo = engine_options(o.ef);  // under mpirun: the communicator
+    if (!eo) return fail(eo.error().message);
+    l.eo = std::move(*eo);
+    if (l.eo.comm && l.eo.comm->size() > 1) l.link = std::make_unique<EvalLink>(*l.eo.comm);
+  } else if (dist::launched_by_mpirun()) {
+    return fail("eval: --url scores through a server from one process; run it without mpirun");
+  }
+  if (l.link && !l.leader()) {
+    // A follower: its share of the model, driven by rank 0.
+    Ctx c(o, DataDir{});
+    c.load_model = [&o, &l](Ctx& x) { return load_model(o, l, x); };
+    c.make_engine = [&o, &l] { return make_engine(o, l); };
+    auto r = follow_eval(c, *l.link);
+    if (!r) {
+      std::fprintf(stderr, "kvant eval (rank %d): %s\n", l.link->rank(), r.error().message.c_str());
+      l.eo.comm->abort(1);
+    }
+    return *r;
+  }
+  const int rc = run_tasks(o, tasks, l);
+  if (l.link) {
+    const int32_t status = rc;
+    if (auto s = l.link->send(EvalOp::kStop, std::span<const int32_t>(&status, 1)); !s) {
+      std::fprintf(stderr, "kvant eval: %s\n", s.error().message.c_str());
+      l.eo.comm->abort(1);
+    }
+  }
+  return rc;
 }
 
 int run_compare(const CompareOpts& o) {

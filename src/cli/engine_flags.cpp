@@ -66,6 +66,9 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
   cmd->add_option("--debug-throw-step", f.debug_throw_step,
                   "debug: step N throws out of memory inside its forward (0 = off)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  cmd->add_option("--debug-fail-step", f.debug_fail_step,
+                  "debug: step N fails the whole engine, as a dead peer rank does (0 = off)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
 }
 
 Result<KvDType> parse_kv_dtype(const std::string& s) {
@@ -111,6 +114,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.debug_invariants = f.debug_invariants;
   o.debug_fault_interval = f.debug_inject_faults;
   o.debug_throw_step = f.debug_throw_step;
+  o.debug_fail_step = f.debug_fail_step;
   o.tp = f.tp;
   o.ep = f.ep;
   const bool mpi = dist::launched_by_mpirun();

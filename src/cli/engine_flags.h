@@ -28,6 +28,7 @@ struct EngineFlags {
   bool debug_invariants = false;
   int debug_inject_faults = 0;
   int64_t debug_throw_step = 0;
+  int64_t debug_fail_step = 0;
   std::string prefill_weights = "native", decode_weights = "native";
   int int4_group = 128;
   bool int4_lm_head = false;

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "dist/nccl/nccl_communicator.h"
 
 namespace kvant::dist {
 namespace {
@@ -66,7 +67,8 @@ class LocalCommunicator final : public Communicator {
 Result<std::unique_ptr<Communicator>> make_communicator(std::string_view kind) {
   if (kind == "local") return std::unique_ptr<Communicator>(new LocalCommunicator());
   if (kind == "mpi") return make_mpi_communicator();
-  return make_error("unknown communicator '" + std::string(kind) + "' (known: local, mpi)");
+  if (kind == "nccl") return make_nccl_communicator();
+  return make_error("unknown communicator '" + std::string(kind) + "' (known: local, mpi, nccl)");
 }
 
 bool launched_by_mpirun() {

@@ -40,7 +40,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* name() const = 0;  // "local", "mpi"
+  virtual const char* name() const = 0;  // "local", "mpi", "nccl"
 
   // In place: every rank passes its contribution, of the same length, and
   // gets the sum in rank order (above). Once it has seen a length, a call of
@@ -83,6 +83,10 @@ class Communicator {
 // MPI; the first "mpi" communicator of the process initialises MPI and the
 // last one to go finalises it, after which MPI cannot start again in this
 // process (an error, not a crash).
+// "nccl": the same processes, one GPU each (-DKVANT_CUDA=ON builds only;
+// dist/nccl/nccl_communicator.cpp): buffers are device memory, MPI starts
+// the job and carries NCCL's bootstrap id, and abort() ends the job
+// through MPI.
 Result<std::unique_ptr<Communicator>> make_communicator(std::string_view kind);
 
 // Whether this build has the "mpi" communicator.

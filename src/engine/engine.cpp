@@ -212,20 +212,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
       return make_error(s.error().message +
                         " (static FP8 KV scales come from `kvant calibrate-kv -m " + o.model_path +
                         "`; or use --kv-scale dynamic)");
-    const int64_t all_heads = e->model_->full_config().cache_heads();
-    if (s->layers != c.layers || s->kv_heads != all_heads)
-      return make_error("engine: " + path + " has scales for " + std::to_string(s->layers) +
-                        " layers x " + std::to_string(s->kv_heads) + " KV heads; the model has " +
-                        std::to_string(c.layers) + " x " + std::to_string(all_heads));
     // This rank's KV heads of every layer (all of them in one process).
     const dist::Range held = e->model_->shard().kv_heads;
-    const float mf = kv_dtype_max_finite(o.kv_dtype);
-    for (int64_t l = 0; l < s->layers; ++l)
-      for (int64_t h = held.begin; h < held.end; ++h) {
-        const size_t i = size_t(l * all_heads + h);
-        po.static_k_scales.push_back(s->k_amax[i] > 0 ? s->k_amax[i] / mf : 1.f);
-        po.static_v_scales.push_back(s->v_amax[i] > 0 ? s->v_amax[i] / mf : 1.f);
-      }
+    auto sc = static_kv_scales(*s, path, c.layers, e->model_->full_config().cache_heads(),
+                               held.begin, held.end, o.kv_dtype);
+    if (!sc) return make_error("engine: " + sc.error().message);
+    po.static_k_scales = std::move(sc->k);
+    po.static_v_scales = std::move(sc->v);
   }
   int64_t budget = o.kv_memory_bytes;
   if (budget <= 0) {
@@ -641,6 +634,8 @@ Result<bool> Engine::step() {
     return !I.reqs.empty();
   }
   S.preemptions += int64_t(plan.preempted.size());
+  if (options_.debug_fail_step > 0 && S.steps + 1 == options_.debug_fail_step)
+    return make_error("debug: step " + std::to_string(S.steps + 1) + " failed (--debug-fail-step)");
   try {
     return run_plan(plan);
   } catch (const std::exception& e) {

@@ -100,6 +100,10 @@ struct EngineOptions {
   // inside its forward, so the failure path (the step's requests fail, the
   // engine goes on) can be watched end to end.
   int64_t debug_throw_step = 0;
+  // Debug only, off by default: step N (1-based) returns an error instead of
+  // running, as an unrecoverable failure (a dead peer rank) does, so the
+  // server's whole-engine failure path can be watched end to end.
+  int64_t debug_fail_step = 0;
 };
 
 // Why a request failed (RequestEvent::error_code), for callers that must
@@ -287,5 +291,17 @@ Result<KvScales> calibrate_kv_scales(ModelRunner& model, std::span<const int32_t
 Result<void> save_kv_scales(const KvScales& s, const std::string& path);
 Result<KvScales> load_kv_scales(const std::string& path);
 std::string default_kv_scales_path(const std::string& model_path);
+// The static scales one rank's pages use, from the file's amax values:
+// [layers * held heads] for K and for V, each amax / the dtype's largest
+// finite value (1 where the amax is 0), for the KV heads [held_begin,
+// held_end) of every layer (all of them in one process). Errors: a file
+// whose layers x heads are not the model's (`model_heads`: every rank's
+// heads together, the cache heads; MLA: 1).
+struct StaticKvScales {
+  std::vector<float> k, v;
+};
+Result<StaticKvScales> static_kv_scales(const KvScales& s, const std::string& path, int64_t layers,
+                                        int64_t model_heads, int64_t held_begin, int64_t held_end,
+                                        KvDType dtype);
 
 }  // namespace kvant

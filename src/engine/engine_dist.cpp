@@ -39,7 +39,7 @@ Result<void> Engine::check_ranks_agree() {
     << ' ' << int(o.kv_scale_mode) << ' ' << o.page_tokens << ' ' << o.max_step_tokens << ' '
     << o.max_running << ' ' << o.max_context << ' ' << o.prefix_caching << ' '
     << o.prefix_checksums << ' ' << o.integrity_checks << ' ' << o.debug_fault_interval << ' '
-    << o.debug_throw_step << ' ' << o.tp << ' ' << o.ep << ' ' << tokenizer_->vocab_size() << ' '
+    << o.debug_throw_step << ' ' << o.debug_fail_step << ' ' << o.tp << ' ' << o.ep << ' ' << tokenizer_->vocab_size() << ' '
     << capacity_.max_context;
   const std::string text = s.str();
   uint64_t h = 1469598103934665603ull;  // FNV-1a

@@ -21,6 +21,25 @@ std::string default_kv_scales_path(const std::string& model_path) {
   return p + ".kv_scales.json";
 }
 
+Result<StaticKvScales> static_kv_scales(const KvScales& s, const std::string& path, int64_t layers,
+                                        int64_t model_heads, int64_t held_begin, int64_t held_end,
+                                        KvDType dtype) {
+  if (s.layers != layers || s.kv_heads != model_heads)
+    return make_error(path + " has scales for " + std::to_string(s.layers) + " layers x " +
+                      std::to_string(s.kv_heads) + " KV heads; the model has " +
+                      std::to_string(layers) + " x " + std::to_string(model_heads));
+  KV_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= model_heads);
+  const float mf = kv_dtype_max_finite(dtype);
+  StaticKvScales out;
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t h = held_begin; h < held_end; ++h) {
+      const size_t i = size_t(l * model_heads + h);
+      out.k.push_back(s.k_amax[i] > 0 ? s.k_amax[i] / mf : 1.f);
+      out.v.push_back(s.v_amax[i] > 0 ? s.v_amax[i] / mf : 1.f);
+    }
+  return out;
+}
+
 Result<KvScales> calibrate_kv_scales(ModelRunner& model, std::span<const int32_t> tokens,
                                      int64_t chunk) {
   const ModelConfig& c = model.config();

@@ -2,6 +2,7 @@
 // chunks turned into the model's batch.
 #include "engine/model_runner.h"
 
+#include "dist/communicator.h"
 #include "engine/weight_options.h"
 #include "io/model_files.h"
 #include "model/model.h"
@@ -42,6 +43,13 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::load(const RunnerOptions& o) {
 }
 
 const ModelConfig& ModelRunner::config() const { return impl_->model->config(); }
+const ModelConfig& ModelRunner::full_config() const { return impl_->model->full_config(); }
+std::pair<int64_t, int64_t> ModelRunner::kv_heads_held() const {
+  const dist::Range r = impl_->model->shard().kv_heads;
+  return {r.begin, r.end};
+}
+int ModelRunner::rank() const { return impl_->comm ? impl_->comm->rank() : 0; }
+int ModelRunner::ranks() const { return impl_->comm ? impl_->comm->size() : 1; }
 int ModelRunner::prefill_set() const { return impl_->model->prefill_set(); }
 int ModelRunner::decode_set() const { return impl_->model->decode_set(); }
 std::string ModelRunner::set_precision(int set) const { return impl_->model->set_precision(set); }

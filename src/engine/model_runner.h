@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "core/result.h"
 #include "model/config.h"
@@ -62,7 +63,16 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
+  // The sizes this process computes with (its share under TP / EP), and the
+  // whole model's.
   const ModelConfig& config() const;
+  const ModelConfig& full_config() const;
+  // The KV (cache) heads of every layer whose rows this process's caches
+  // hold: [first, last) of full_config().cache_heads(); all in one process.
+  std::pair<int64_t, int64_t> kv_heads_held() const;
+  // Rank and ranks of the communicator (0 and 1 in one process).
+  int rank() const;
+  int ranks() const;
   // Weight sets (one, or two when prefill and decode differ) and which
   // phase uses which.
   int prefill_set() const;

@@ -54,6 +54,7 @@ Result<void> LoglikScorer::prime(std::span<const int32_t> ids) {
 
 Result<std::vector<ChoiceScore>> LoglikScorer::score(
     std::span<const int32_t> context, const std::vector<std::vector<int32_t>>& conts) {
+  if (link_ != nullptr) KV_TRY(link_->send_score(context, conts));
   if (context.empty()) return make_error("eval: empty context");
   KV_TRY(prime(context.first(context.size() - 1)));
   const int64_t V = model_.config().vocab;
@@ -82,6 +83,7 @@ Result<std::vector<ChoiceScore>> LoglikScorer::score(
 
 Result<void> LoglikScorer::window(std::span<const int32_t> tokens, int64_t first,
                                   const std::function<void(int64_t, std::span<const float>)>& row) {
+  if (link_ != nullptr) KV_TRY(link_->send_window(tokens, first));
   cached_.clear();
   const int64_t n = int64_t(tokens.size()) - 1;  // the last token is only predicted
   const int64_t V = model_.config().vocab;

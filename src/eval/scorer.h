@@ -22,6 +22,7 @@
 
 #include "core/result.h"
 #include "engine/model_runner.h"
+#include "eval/eval_link.h"
 #include "eval/tasks.h"
 #include "model/seq_kv.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +48,9 @@ class LoglikScorer {
  public:
   LoglikScorer(ModelRunner& m, const SeqKvOptions& kv, int64_t capacity, int64_t chunk = 128);
   const ModelConfig& config() const { return model_.config(); }
+  // Over several ranks, rank 0's scorer tells the others each call before
+  // it runs it (eval/eval_link.h); they make the same call on theirs.
+  void set_link(EvalLink* link) { link_ = link; }
   int64_t capacity() const { return capacity_; }
 
   // Scores each continuation (token ids, non-empty) after `context` (non-empty).
@@ -64,6 +68,7 @@ class LoglikScorer {
   Result<void> prime(std::span<const int32_t> ids);  // cache = ids, nothing scored
 
   ModelRunner& model_;
+  EvalLink* link_ = nullptr;
   std::unique_ptr<SeqKv> kv_;
   int64_t capacity_, chunk_;
   std::vector<int32_t> cached_;

@@ -7,6 +7,7 @@
 // Every rank knows every rank's input (a function of rank and index), so
 // each checks its results against a scalar reference itself.
 #include "dist/communicator.h"
+#include "dist/nccl/ordered_sum.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -288,6 +289,28 @@ TEST(Communicator, MakeCommunicatorNamesWhatIsWrong) {
   ASSERT_TRUE(local.ok()) << local.error().message;
   EXPECT_EQ((*local)->size(), 1);
   EXPECT_EQ((*local)->rank(), 0);
+}
+
+// The nccl communicator's all-reduce gathers every rank's vector and adds
+// them with ordered_sum_element on the GPU: the same bits as the contract's
+// reference, for 1 to 8 ranks (checked here on the CPU, which compiles the
+// same header).
+TEST(Communicator, NcclOrderedSumIsTheRankOrderSum) {
+  const size_t n = 1000;
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    std::vector<float> parts;
+    for (int r = 0; r < ranks; ++r) {
+      const auto c = contributions(r, n);
+      parts.insert(parts.end(), c.begin(), c.end());
+    }
+    std::vector<float> got(n);
+    for (size_t i = 0; i < n; ++i) got[i] = ordered_sum_element(parts.data(), ranks, n, i);
+    EXPECT_EQ(first_bit_difference(got, rank_order_sum(n, ranks)), -1) << ranks << " ranks";
+  }
+  auto nccl = make_communicator("nccl");
+  if (!nccl.ok()) {  // a build without CUDA, or no GPU here
+    EXPECT_NE(nccl.error().message.find("nccl"), std::string::npos) << nccl.error().message;
+  }
 }
 
 TEST(Communicator, ASecondMpiCommunicatorSharesTheRuntime) {

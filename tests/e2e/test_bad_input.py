@@ -164,3 +164,31 @@ def test_serves_after_everything(server):
     assert status == 200
     m = server.metrics()
     assert m['kvant_http_responses_total{code="400"}'] >= 40
+
+
+def test_api_key_is_checked_before_the_body(server):
+    """A client without the key announces a body (within the size limit) and
+    sends none of it: the answer (401) comes from the headers alone, at once,
+    not after the body timeout."""
+    import socket
+    import time
+
+    from kvant_server import parse_response
+
+    head = (f"POST {COMP} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {32 << 10}\r\n\r\n").encode()
+    t0 = time.time()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(head)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    took = time.time() - t0
+    status, hdrs, body = parse_response(data)
+    assert status == 401, data[:300]
+    assert json.loads(body)["error"]["type"] == "authentication_error"
+    assert took < 2, f"the 401 took {took:.2f} s"
+    check_serves(server)

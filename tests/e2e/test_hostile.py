@@ -19,6 +19,8 @@ import pytest
 from kvant_server import MODEL_ID, Server, parse_response, sse_events
 
 NORMAL_SRC = ("127.0.0.2", 0)
+# One request per connection, for servers started with the default idle timeout.
+CLOSE = {"Connection": "close"}
 KV_MEMORY = 128 << 20
 
 
@@ -438,7 +440,7 @@ def test_engine_step_failure_fails_only_that_step():
 
         def run(i):
             st, _, b = one(s.port, raw_request("POST", "/v1/completions",
-                                               completion_body(f"Item {i}", max_tokens=8, ignore_eos=True)))
+                                               completion_body(f"Item {i}", max_tokens=8, ignore_eos=True), CLOSE))
             results.append((st, json.loads(b)))
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
@@ -451,9 +453,9 @@ def test_engine_step_failure_fails_only_that_step():
         for r in failed:
             assert r["choices"][0]["error"]["code"] == "engine_error"
         # The engine goes on: healthy, and a later request completes.
-        st, _, b = one(s.port, raw_request("GET", "/health"))
+        st, _, b = one(s.port, raw_request("GET", "/health", headers=CLOSE))
         assert st == 200, b
-        st, _, b = one(s.port, raw_request("POST", "/v1/completions", completion_body(max_tokens=3)))
+        st, _, b = one(s.port, raw_request("POST", "/v1/completions", completion_body(max_tokens=3), CLOSE))
         assert st == 200 and json.loads(b)["choices"][0]["finish_reason"] == "length"
         m = s.metrics()
         assert m["kvant_engine_step_failures_total"] == 1
@@ -544,3 +546,48 @@ def test_second_signal_exits_at_once():
         rc = s.proc.wait(timeout=10)
         c.close()
         assert rc == 130 and time.time() - t0 < 5
+
+
+def test_engine_failure_fails_in_flight_and_shows_in_health():
+    """A step that fails the whole engine (as a dead peer rank does): the
+    requests in flight end with an error, /health says so with 503, later
+    requests get 503 at once, and the process stays up to answer them."""
+    with Server("--debug-fail-step", "4") as s:
+        results = []
+
+        def run(i, stream):
+            st, _, b = one(s.port, raw_request("POST", "/v1/completions",
+                                               completion_body(f"Item {i}", max_tokens=16,
+                                                               ignore_eos=True, stream=stream), CLOSE))
+            results.append((st, stream, b))
+
+        threads = [threading.Thread(target=run, args=(i, i % 2 == 1)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = 0
+        for st, stream, b in results:
+            if st == 503:  # arrived after the failure
+                assert json.loads(b)["error"]["code"] == "engine_failed", b
+                continue
+            assert st == 200, (st, b[:300])
+            if stream:
+                events, _ = sse_events(b)
+                choice = events[-1]["choices"][0]
+            else:
+                choice = json.loads(b)["choices"][0]
+            assert choice["finish_reason"] == "error", choice
+            assert choice["error"]["code"] == "engine_error", choice
+            failed += 1
+        assert failed > 0, results
+        st, _, b = one(s.port, raw_request("GET", "/health", headers=CLOSE))
+        h = json.loads(b)
+        assert st == 503 and h["status"] == "failed" and "--debug-fail-step" in h["error"], (st, h)
+        t0 = time.time()
+        st, _, b = one(s.port, raw_request("POST", "/v1/completions", completion_body(), CLOSE))
+        assert st == 503 and json.loads(b)["error"]["code"] == "engine_failed", b
+        assert time.time() - t0 < 1
+        assert s.proc.poll() is None
+        print(f"hostile: engine failure: {failed} in-flight requests ended with engine_error; "
+              f"/health 503 {h['error']!r}")
