@@ -123,6 +123,39 @@ class Loader {
   }
   bool has(const std::string& name) const { return !name.empty() && src_.find(name) != nullptr; }
 
+  // Rows `r` of a [rows, cols] tensor as FP32, read from the file alone (a
+  // rank under tensor parallelism never holds the other ranks' rows, even
+  // for a moment: the vocabulary's embedding rows are the largest).
+  Result<std::vector<float>> f32_rows(const std::string& name, int64_t rows, int64_t cols, Keep r) {
+    const TensorRef* t = src_.find(name);
+    if (!t) return make_error(src_.path() + ": missing tensor " + name);
+    if (t->shape != std::vector<int64_t>{rows, cols})
+      return make_error(src_.path() + ": tensor " + name + " has shape " + fmt(t->shape) +
+                        ", expected " + fmt({rows, cols}));
+    if (r.begin < 0 || r.stop(rows) > rows || r.begin > r.stop(rows))
+      return make_error(src_.path() + ": tensor " + name + ": rows [" + std::to_string(r.begin) +
+                        ", " + std::to_string(r.stop(rows)) + ") out of range");
+    std::vector<float> out(size_t(r.size(rows) * cols));
+    KV_TRY(src_.read_f32_rows(*t, r.begin, r.stop(rows), out));
+    return out;
+  }
+  // A part's kept rows and then its kept columns, as FP32 [kept rows, kept
+  // columns]. `transform` (which permutes whole tensors' rows) and INT4
+  // parts (dequantized whole) read everything first.
+  Result<std::vector<float>> part_kept(size_t i, const Part& part, int64_t cols, Keep cols_kept,
+                                       const std::function<void(size_t, std::vector<float>&)>& transform) {
+    if (!transform && !part_is_int4(part.name)) {
+      auto v = f32_rows(part.name, part.rows, cols, part.rows_kept);
+      if (!v) return v.error();
+      const int64_t kr = part.rows_kept.size(part.rows);
+      return slice_f32(std::move(*v), kr, cols, Keep{}, cols_kept);
+    }
+    auto v = part_f32(part.name, part.rows, cols);
+    if (!v) return v.error();
+    if (transform) transform(i, *v);
+    return slice_f32(std::move(*v), part.rows, cols, part.rows_kept, cols_kept);
+  }
+
   static std::string base_of(const std::string& name) {
     const std::string suffix = ".weight";
     return name.size() > suffix.size() && name.ends_with(suffix)
@@ -188,11 +221,9 @@ class Loader {
         if (!s) return s.error();
         w = std::move(*s);
       } else {
-        auto v = f32(name, {rows, cols});
-        if (!v) return v.error();
-        if (transform) transform(i, *v);
-        const std::vector<float> k = slice_f32(std::move(*v), rows, cols, parts[i].rows_kept, cols_kept);
-        w = rtn_quantize(k.data(), parts[i].rows_kept.size(rows), kc, opts_.int4_group, false);
+        auto k = part_kept(i, parts[i], cols, cols_kept, transform);
+        if (!k) return k.error();
+        w = rtn_quantize(k->data(), parts[i].rows_kept.size(rows), kc, opts_.int4_group, false);
       }
       if (i == 0) {
         all.group = w.group;
@@ -304,11 +335,11 @@ class Loader {
     auto kn = f32(p + "kv_a_layernorm.weight", {R});
     if (!kn) return kn.error();
     L.kv_a_norm = std::move(*kn);
-    auto kvb_all = part_f32(p + "kv_b_proj.weight", H * (nope + dv), R);
-    if (!kvb_all) return kvb_all.error();
     // This rank's heads only.
     const Keep hk = q_rows(nope + dv);
-    const std::vector<float> kvb = slice_f32(std::move(*kvb_all), H * (nope + dv), R, hk, {});
+    auto kvb_kept = part_kept(0, {p + "kv_b_proj.weight", H * (nope + dv), hk}, R, {}, {});
+    if (!kvb_kept) return kvb_kept.error();
+    const std::vector<float>& kvb = *kvb_kept;
     const int64_t Hl = hk.size(H * (nope + dv)) / (nope + dv);
     L.wkv_b = pack(kvb.data(), Hl * (nope + dv), R);
     std::vector<float> uk(size_t(R * nope)), uv(size_t(dv * R));
@@ -341,18 +372,36 @@ class Loader {
     const int64_t kc = cols_kept.size(cols);
     AlignedBuffer<uint16_t> rowmajor(size_t(rows * kc));
     int64_t row = 0;
+    std::vector<float> chunk;
     for (size_t i = 0; i < parts.size(); ++i) {
-      auto v = part_f32(parts[i].name, parts[i].rows, cols);
-      if (!v) return v.error();
-      if (transform) transform(i, *v);
-      const std::vector<float> k =
-          slice_f32(std::move(*v), parts[i].rows, cols, parts[i].rows_kept, cols_kept);
+      const Part& part = parts[i];
+      const int64_t kr = part.rows_kept.size(part.rows);
       uint16_t* dst = rowmajor.data() + row * kc;
-      const float* s = k.data();
-      parallel_for(int64_t(k.size()), 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t x = b; x < e; ++x) dst[x] = f32_to_bf16(s[x]);
-      });
-      row += parts[i].rows_kept.size(parts[i].rows);
+      auto to_bf16 = [&](const float* s, int64_t n, uint16_t* d) {
+        parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+          for (int64_t x = b; x < e; ++x) d[x] = f32_to_bf16(s[x]);
+        });
+      };
+      if (!transform && !part_is_int4(part.name)) {
+        // Plain tensors in blocks of rows, so that no FP32 copy of a whole
+        // (vocabulary-sized) tensor is ever held.
+        KV_TRY(f32_rows(part.name, part.rows, cols, {0, 0}));  // name and shape checks
+        const TensorRef& t = *src_.find(part.name);
+        const int64_t block = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, cols));
+        for (int64_t r0 = 0; r0 < kr; r0 += block) {
+          const int64_t n = std::min(block, kr - r0);
+          chunk.resize(size_t(n * cols));
+          const int64_t src_row = part.rows_kept.begin + r0;
+          KV_TRY(src_.read_f32_rows(t, src_row, src_row + n, chunk));
+          for (int64_t j = 0; j < n; ++j)
+            to_bf16(chunk.data() + j * cols + cols_kept.begin, kc, dst + (r0 + j) * kc);
+        }
+      } else {
+        auto kept = part_kept(i, part, cols, cols_kept, transform);
+        if (!kept) return kept.error();
+        to_bf16(kept->data(), int64_t(kept->size()), dst);
+      }
+      row += kr;
     }
     return be_.prepare_bf16(rowmajor.data(), rows, kc);
   }

@@ -10,8 +10,12 @@
 // which kvant leaves as it finds it: by default MPI aborts the job with its
 // own message.)
 //
-// all_reduce_sum is a reduce-scatter then an all-gather, written out with
-// MPI_Alltoallv and MPI_Allgatherv rather than MPI_Allreduce:
+// all_reduce_sum, up to kGatherSumBytes gathered (every rank's vector
+// together), is one MPI_Allgather after which each rank adds the
+// contributions in rank order itself: one latency, which is what a decode
+// step's all-reduces of a few KiB cost. Larger ones are a reduce-scatter then
+// an all-gather, written out with MPI_Alltoallv and MPI_Allgatherv rather
+// than MPI_Allreduce:
 //  1. the elements are cut into size() chunks; rank r owns chunk r and
 //     receives every rank's contribution to it (MPI_Alltoallv), in rank
 //     order, into its scratch;
@@ -116,6 +120,11 @@ Result<std::shared_ptr<MpiRuntime>> MpiRuntime::acquire() {
   return rt;
 }
 
+// Gathered bytes (size() x the vector) below which all_reduce_sum gathers
+// and sums locally: measured on 2 ranks of one host (docs/BENCHMARKS.md),
+// one round beats two up to about this size.
+constexpr size_t kGatherSumBytes = size_t(64) << 10;
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, int rank, int size)
@@ -211,6 +220,33 @@ Result<void> MpiCommunicator::all_reduce_sum(std::span<float> data) {
   if (n == 0 || size_ == 1) return {};
   const size_t N = size_t(size_);
   if (n + N > size_t(INT_MAX)) return too_large("all_reduce_sum", n, "floats");
+  if (n * N * sizeof(float) <= kGatherSumBytes) {
+    // Small (a decode step's hidden vectors): one round instead of two.
+    // Every rank gathers every contribution and adds them in rank order
+    // itself, so the bits are the same everywhere, as in the two-phase form.
+    // (MPI_Ialltoallv with the whole vector to every rank: Open MPI's
+    // MPI_Iallgather took milliseconds for a few KiB over TCP.)
+    if (scratch_.size() < N * n) scratch_.resize(N * n);
+    for (size_t r = 0; r < N; ++r) {
+      send_displs_[r] = 0;
+      send_counts_[r] = int(n);
+      recv_counts_[r] = int(n);
+      recv_displs_[r] = int(r * n);
+    }
+    MPI_Request req;
+    KV_TRY(wait(MPI_Ialltoallv(data.data(), send_counts_.data(), send_displs_.data(), MPI_FLOAT,
+                               scratch_.data(), recv_counts_.data(), recv_displs_.data(), MPI_FLOAT,
+                               comm_, &req),
+                req, "all_reduce_sum", "MPI_Ialltoallv"));
+    const float* x = scratch_.data();
+    float* out = data.data();
+    for (size_t i = 0; i < n; ++i) out[i] = x[i];
+    for (size_t r = 1; r < N; ++r) {
+      const float* xr = x + r * n;
+      for (size_t i = 0; i < n; ++i) out[i] += xr[i];
+    }
+    return {};
+  }
   // Chunk r is [n*r/N, n*(r+1)/N): sizes differ by one at most.
   auto chunk_begin = [&](size_t r) { return int(n * r / N); };
   const int mine = chunk_begin(size_t(rank_) + 1) - chunk_begin(size_t(rank_));
