@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "core/threads.h"
 #include "dist/communicator.h"
+#include "engine/engine_internal.h"
 #include "engine/model_runner.h"
 #include "engine/request_codec.h"
 #include "engine/scheduler.h"
@@ -82,49 +83,6 @@ std::string describe(const KvCapacity& c) {
 }
 
 // ---------------------------------------------------------------------------
-
-struct Engine::Req {
-  RequestId id = 0;
-  SeqId seq = 0;
-  Request request;
-  Sampler sampler;
-  StopMatcher stop;
-  StepLogprobs lp;
-  PromptLogprobs plp;     // when request.prompt_logprobs >= 0
-  bool plp_sent = false;  // went out with the first event
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = -1;  // set at the first scheduled chunk
-  bool done = false;
-  Req(Request r, const Tokenizer& tok)
-      : request(std::move(r)), sampler(request.sampling), stop(request.stop, tok) {}
-};
-
-struct Engine::Impl {
-  KvFormat format;
-  std::unique_ptr<KvVerifier> verifier;
-  std::map<RequestId, std::unique_ptr<Req>> reqs;  // admitted, not finished
-  std::unordered_map<SeqId, Req*> by_seq;
-  // Per-step scratch, kept to avoid reallocating.
-  std::vector<VerifyItem> items;
-  std::vector<VerifyFailure> failures;
-  std::vector<uint8_t> skip;
-  std::vector<std::vector<uint8_t*>> page_ptrs;
-  std::vector<KvSpan> spans;
-  std::vector<size_t> batch_index;  // plan entry of each batch chunk
-  std::vector<int64_t> row0;        // first logits row of each batch chunk
-  std::vector<float> lp_scratch;    // prompt log-probabilities
-  Batch batch;
-  std::vector<float> logits;
-  std::vector<int32_t> sampled;
-  std::vector<Req*> to_finish;
-  EngineStats stats;
-  uint64_t seed_counter = 0;
-  std::mutex stats_mu;  // stats() may be read from another thread
-
-  void build_batch(const StepPlan& plan, PagePool& pool);
-  void record_prompt_logprobs(const StepPlan& plan, int64_t vocab);
-};
 
 Engine::~Engine() {
   // Rank 0 of a distributed engine tells the followers to stop.
@@ -241,6 +199,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   so.max_step_tokens = o.max_step_tokens;
   so.max_running = o.max_running;
   e->scheduler_ = std::make_unique<Scheduler>(*e->pool_, e->index_.get(), so);
+  e->layout_hash_ = ::kvant::kv_layout_hash(*e->pool_);
   e->impl_->verifier = std::make_unique<KvVerifier>(*e->pool_);
 
   e->impl_->format = kv_format(e->pool_->layout(), po.static_k_scales, po.static_v_scales);
@@ -294,6 +253,10 @@ Result<RequestId> Engine::submit(Request r) {
   KV_TRY(check_stop_params(r.stop));
   const int64_t room = capacity_.max_context - n;
   if (r.stop.max_tokens <= 0 || r.stop.max_tokens > room) r.stop.max_tokens = int32_t(room);
+  if (r.handoff) {
+    if (r.prompt_only) return make_error("a handoff request generates its first token; not prompt_only");
+    r.stop.max_tokens = 1;
+  }
   auto req = std::make_unique<Req>(std::move(r), *tokenizer_);
   req->id = next_id_.fetch_add(1);
   req->prompt_tokens = n;
@@ -336,6 +299,7 @@ void Engine::emit(Req& r, int32_t token, std::string_view text, const StepLogpro
   ev.prompt_tokens = r.prompt_tokens;
   ev.completion_tokens = r.completion_tokens;
   ev.cached_tokens = std::max<int64_t>(0, r.cached_tokens);
+  if (finish != FinishReason::None) ev.handoff = r.handoff_out.get();
   r.request.on_event(ev);
 }
 
@@ -432,6 +396,11 @@ Result<void> Engine::admit_inbox() {
   auto& I = *impl_;
   for (auto& rp : fresh) {
     Req& r = *rp;
+    if (r.handoff_in) {  // started by admit_imports when it has pages
+      I.pending_imports.push_back(r.id);
+      I.reqs.emplace(r.id, std::move(rp));
+      continue;
+    }
     if (r.request.sampling.seed == 0) {
       // A seed of the engine's own, fixed at admission, so the request's
       // stream never depends on what runs beside it.
@@ -467,6 +436,7 @@ Result<void> Engine::admit_inbox() {
     finish_request(*it->second, FinishReason::Abort, "", true);
     I.reqs.erase(it);
   }
+  admit_imports();
   return {};
 }
 
@@ -592,6 +562,7 @@ void Engine::sample_and_stream(const StepPlan& plan, int64_t vocab) {
     StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
     const int32_t tok = r.sampler.sample(row, lp);
     r.sampler.accept(tok);
+    if (r.request.handoff && !r.handoff_out) capture_handoff(r, tok, e.pages, lp);
     I.sampled[i] = tok;
     ++r.completion_tokens;
     ++S.generated_tokens;
@@ -748,6 +719,8 @@ void Engine::fail_all(std::string_view message) {
   for (Req* r : all) finish_request(*r, FinishReason::Error, message, true, ErrorCode::kEngine);
   I.reqs.clear();
   I.by_seq.clear();
+  I.pending_imports.clear();
+  I.stats.kv_imports_waiting = 0;
 }
 
 Result<void> Engine::run_until_idle() {
@@ -770,6 +743,7 @@ EngineStats Engine::stats() const {
   s.kv_pages_total = pool_->num_pages();
   s.kv_pages_used = pool_->used_pages();
   s.kv_pages_cached = index_ ? index_->size() : 0;
+  s.kv_handoffs_refused = handoffs_refused_.load();
   const auto& v = impl_->verifier->stats();
   s.integrity_passes = int64_t(v.passes);
   s.integrity_checks = int64_t(v.checks);

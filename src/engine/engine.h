@@ -31,6 +31,7 @@
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "kvcache/kv_layout.h"
+#include "kvcache/page_ref.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_files.h"
@@ -46,6 +47,7 @@ class PagePool;
 class PrefixIndex;
 class Scheduler;
 class FaultInjector;
+struct KvHandoff;
 struct StepPlan;
 
 using RequestId = uint64_t;
@@ -130,6 +132,9 @@ struct RequestEvent {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // generated so far, this token included
   int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+  // A handoff request's final event: its prompt's K/V and first token for a
+  // decode engine (kv_handoff.h); null otherwise. Valid during the callback.
+  const KvHandoff* handoff = nullptr;
 };
 using RequestCallback = std::function<void(const RequestEvent&)>;
 
@@ -147,6 +152,11 @@ struct Request {
   // Generates nothing: the request finishes ("length") once its prompt is
   // computed (scoring a prompt, the completions API's max_tokens 0 with echo).
   bool prompt_only = false;
+  // Disaggregated prefill (kv_handoff.h): computes the prompt, samples the
+  // first token and finishes ("length", or the stop reason that token hit);
+  // the final event carries the prompt's K/V and that token for a decode
+  // engine. stop.max_tokens is taken as 1.
+  bool handoff = false;
   RequestCallback on_event;  // may be empty
 };
 
@@ -166,6 +176,10 @@ struct EngineStats {
   int64_t faults_injected = 0;  // debug_fault_interval
   int64_t steps = 0;
   int64_t step_failures = 0;  // steps whose work threw (their requests failed)
+  // Disaggregation: K/V handed out (handoff requests), taken in
+  // (submit_handoff), and refused (layout, checksum or shape).
+  int64_t kv_handoffs_out = 0, kv_handoffs_in = 0, kv_handoffs_refused = 0;
+  int64_t kv_imports_waiting = 0;  // taken in, waiting for pages or a running slot
   double forward_seconds = 0, verify_seconds = 0;
   // Of forward_seconds, the time in collectives (tensor / expert parallelism).
   double comm_seconds = 0;
@@ -201,6 +215,19 @@ class Engine {
   // Ends a request at the next step with finish reason "abort", returning
   // its pages (thread-safe; unknown or finished ids are ignored).
   void cancel(RequestId id);
+  // The decode half of a disaggregated request (kv_handoff.h): `request`
+  // (its prompt the handoff's, its sampling and stop the client's; max_tokens
+  // counts the handed-over first token) continues from the handoff's pages
+  // and first token, whose event comes first. Thread-safe; the checks run on
+  // the caller's thread. Errors (counted in kv_handoffs_refused): a layout
+  // other than this engine's (the message names the difference), a page
+  // whose bytes do not match its checksum, a prompt or page count that does
+  // not match, max_tokens below 2, several ranks (not supported yet), and
+  // what submit() refuses.
+  Result<RequestId> submit_handoff(Request request, std::shared_ptr<const KvHandoff> kv);
+  // This engine's KV layout digest (kv_layout_hash), for peers to compare.
+  uint64_t kv_layout_hash() const { return layout_hash_; }
+  const KvLayout& kv_layout() const;
 
   // Runs one step. Returns false when there was nothing to do. Errors are
   // engine failures, not per-request ones. An exception inside the step's
@@ -256,6 +283,13 @@ class Engine {
   // Parts of step(), in the order it runs them.
   void check_step_integrity(const StepPlan& plan);
   void sample_and_stream(const StepPlan& plan, int64_t vocab);
+  // Disaggregation (engine_handoff.cpp): a handoff request's copy of its
+  // pages at its first token; imported requests given pages and started.
+  void capture_handoff(Req& r, int32_t token, std::span<const PageRef> pages,
+                       const StepLogprobs* lp);
+  void admit_imports();
+  Result<void> start_import(Req& r);
+  uint64_t layout_hash_ = 0;
 
   EngineOptions options_;
   std::unique_ptr<Model> model_;
@@ -273,6 +307,7 @@ class Engine {
   std::vector<RequestId> cancels_;
   std::atomic<RequestId> next_id_{1};
   std::atomic<int64_t> pending_{0};  // submitted and not yet finished
+  std::atomic<int64_t> handoffs_refused_{0};  // submit_handoff's refusals (any thread)
 };
 
 

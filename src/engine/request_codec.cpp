@@ -177,7 +177,7 @@ void get_stop(Reader& r, StopParams& p) {
 
 void put_request(Writer& w, const Request& q) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, on_event] = q;
+               prompt_only, handoff, on_event] = q;
   (void)on_event;  // stays with the rank that took the request
   w.ids(prompt);
   put_sampling(w, sampling);
@@ -186,11 +186,12 @@ void put_request(Writer& w, const Request& q) {
   w.i32(prompt_logprobs);
   w.i64(prompt_logprobs_from);
   w.boolean(prompt_only);
+  w.boolean(handoff);
 }
 
 void get_request(Reader& r, Request& q) {
   auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from, prompt_only,
-         on_event] = q;
+         handoff, on_event] = q;
   on_event = nullptr;
   r.ids(prompt, "prompt");
   get_sampling(r, sampling);
@@ -199,6 +200,7 @@ void get_request(Reader& r, Request& q) {
   prompt_logprobs = r.i32("prompt_logprobs");
   prompt_logprobs_from = r.i64("prompt_logprobs_from");
   prompt_only = r.boolean("prompt_only");
+  handoff = r.boolean("handoff");
 }
 
 // The fewest bytes a submitted entry takes: its id and a request with every

@@ -44,7 +44,7 @@ struct StepInputs {
 };
 
 inline constexpr char kStepInputsMagic[4] = {'K', 'V', 'S', 'I'};
-inline constexpr uint8_t kStepInputsVersion = 1;
+inline constexpr uint8_t kStepInputsVersion = 2;  // 2: Request::handoff
 
 std::vector<std::byte> encode_step_inputs(const StepInputs& inputs);
 // Errors name what was wrong and the byte offset where it was found: a

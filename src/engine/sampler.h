@@ -79,6 +79,10 @@ class Sampler {
 
   // The largest logit, ties to the lowest id; 0 for an empty row.
   static int32_t argmax(std::span<const float> logits);
+  // The random stream's position, to continue a request's sampling in
+  // another engine (disaggregated decode) exactly where it stopped.
+  uint64_t rng_state() const { return rng_state_; }
+  void set_rng_state(uint64_t s) { rng_state_ = s; }
 
  private:
   // A distinct token seen so far: in the prompt, and how often generated.

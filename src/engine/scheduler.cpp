@@ -58,6 +58,41 @@ Result<SeqId> Scheduler::add(SequenceRequest request) {
   return id;
 }
 
+Result<SeqId> Scheduler::add_prefilled(SequenceRequest request, std::vector<PageRef> pages,
+                                       int32_t first) {
+  const int64_t n = int64_t(request.prompt.size());
+  if (n == 0) return make_error("scheduler: empty prompt");
+  if (request.max_tokens < 2)
+    return make_error("scheduler: a prefilled sequence generates 2 tokens or more, got max_tokens " +
+                      std::to_string(request.max_tokens));
+  if (int64_t(pages.size()) != kv_pages_for_tokens(n, page_tokens_))
+    return make_error("scheduler: " + std::to_string(pages.size()) + " pages for a prompt of " +
+                      std::to_string(n) + " tokens (pages of " + std::to_string(page_tokens_) + ")");
+  if (int64_t(running_.size()) >= options_.max_running)
+    return make_error("scheduler: " + std::to_string(running_.size()) +
+                      " sequences are running, the limit");
+  const int64_t total = n + request.max_tokens;
+  auto s = std::make_unique<SequenceState>();
+  s->id = next_id_++;
+  s->arrival = next_arrival_++;
+  s->prompt_tokens = n;
+  s->max_tokens = request.max_tokens;
+  s->max_prefix_hit = request.max_prefix_hit;
+  s->tokens = std::move(request.prompt);
+  s->tokens.reserve(size_t(total));
+  s->tokens.push_back(first);
+  s->generated = 1;
+  s->computed = n;
+  s->status = SequenceStatus::Running;
+  s->table.pages = std::move(pages);
+  s->table.pages.reserve(size_t(kv_pages_for_tokens(total, page_tokens_)));
+  s->table.tokens = n;
+  const SeqId id = s->id;
+  insert_into_running(s.get());
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
 void Scheduler::clear_plan() {
   plan_.sequences.clear();
   plan_.preempted.clear();

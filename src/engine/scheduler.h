@@ -120,6 +120,15 @@ class Scheduler {
   // could never fit in the pool, or bad options.
   Result<SeqId> add(SequenceRequest request);
 
+  // A sequence whose prompt's K/V another engine computed (disaggregated
+  // prefill, engine/kv_transfer.h): `pages` (allocated by the caller from
+  // this pool, written, and now handed over) hold the first prompt.size()
+  // tokens, and `first` is the token that engine sampled. It starts running,
+  // its next step the decode of `first`. Errors (the pages then stay the
+  // caller's): max_tokens < 2, a page count that does not cover the prompt,
+  // or no room among the running sequences (max_running).
+  Result<SeqId> add_prefilled(SequenceRequest request, std::vector<PageRef> pages, int32_t first);
+  int64_t running_count() const { return int64_t(running_.size()); }
   // Plans the next step and allocates its pages. Must be followed by commit()
   // before the next schedule().
   const StepPlan& schedule();

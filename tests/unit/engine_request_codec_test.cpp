@@ -62,7 +62,7 @@ void compare(const StopParams& a, const StopParams& b, Diff& d) {
 
 Diff compare(const Request& a, const Request& b) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, on_event] = a;
+               prompt_only, handoff, on_event] = a;
   (void)on_event;  // not carried: checked apart
   Diff d;
   d.field("prompt", prompt == b.prompt);
@@ -72,6 +72,7 @@ Diff compare(const Request& a, const Request& b) {
   d.field("prompt_logprobs", prompt_logprobs == b.prompt_logprobs);
   d.field("prompt_logprobs_from", prompt_logprobs_from == b.prompt_logprobs_from);
   d.field("prompt_only", prompt_only == b.prompt_only);
+  d.field("handoff", handoff == b.handoff);
   return d;
 }
 
@@ -107,6 +108,7 @@ Request full_request() {
   q.prompt_logprobs = 3;
   q.prompt_logprobs_from = (int64_t(1) << 40) + 1;
   q.prompt_only = true;
+  q.handoff = true;
   q.on_event = [](const RequestEvent&) {};
   return q;
 }
@@ -171,7 +173,7 @@ TEST(RequestCodec, FullRequestSetsEveryField) {
   // not show that the field is carried.
   EXPECT_EQ(d.differ.size(), d.fields) << "fields compared: " << d.fields
                                        << ", differing: " << joined(d.differ);
-  EXPECT_EQ(d.fields, 19u);
+  EXPECT_EQ(d.fields, 20u);
 }
 
 TEST(RequestCodec, RoundTripsEveryField) {

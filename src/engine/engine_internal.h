@@ -1,0 +1,72 @@
+// The engine's private state, shared by its source files (engine.cpp, the
+// step; engine_dist.cpp, several ranks; engine_handoff.cpp, disaggregated
+// prefill and decode). Not for use outside engine/.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/kv_handoff.h"
+#include "engine/scheduler.h"
+#include "kvcache/kv_verifier.h"
+#include "kvcache/kv_view.h"
+#include "model/model.h"
+
+namespace kvant {
+
+struct Engine::Req {
+  RequestId id = 0;
+  SeqId seq = 0;
+  Request request;
+  Sampler sampler;
+  StopMatcher stop;
+  StepLogprobs lp;
+  PromptLogprobs plp;     // when request.prompt_logprobs >= 0
+  bool plp_sent = false;  // went out with the first event
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = -1;  // set at the first scheduled chunk
+  bool done = false;
+  // Disaggregation (kv_handoff.h): what a handoff request hands out with its
+  // final event, and what an imported one starts from.
+  std::unique_ptr<KvHandoff> handoff_out;
+  std::shared_ptr<const KvHandoff> handoff_in;
+  Req(Request r, const Tokenizer& tok)
+      : request(std::move(r)), sampler(request.sampling), stop(request.stop, tok) {}
+};
+
+struct Engine::Impl {
+  KvFormat format;
+  std::unique_ptr<KvVerifier> verifier;
+  std::map<RequestId, std::unique_ptr<Req>> reqs;  // admitted, not finished
+  std::unordered_map<SeqId, Req*> by_seq;
+  // Per-step scratch, kept to avoid reallocating.
+  std::vector<VerifyItem> items;
+  std::vector<VerifyFailure> failures;
+  std::vector<uint8_t> skip;
+  std::vector<std::vector<uint8_t*>> page_ptrs;
+  std::vector<KvSpan> spans;
+  std::vector<size_t> batch_index;  // plan entry of each batch chunk
+  std::vector<int64_t> row0;        // first logits row of each batch chunk
+  std::vector<float> lp_scratch;    // prompt log-probabilities
+  Batch batch;
+  std::vector<float> logits;
+  std::vector<int32_t> sampled;
+  std::vector<Req*> to_finish;
+  EngineStats stats;
+  uint64_t seed_counter = 0;
+  // Imported requests waiting for pages (or a running slot), oldest first.
+  std::deque<RequestId> pending_imports;
+  std::mutex stats_mu;  // stats() may be read from another thread
+
+  void build_batch(const StepPlan& plan, PagePool& pool);
+  void record_prompt_logprobs(const StepPlan& plan, int64_t vocab);
+};
+
+}  // namespace kvant
