@@ -84,6 +84,20 @@ Result<KvScaleMode> parse_kv_scale(const std::string& s) {
   return make_error("--kv-scale must be static or dynamic, got '" + s + "'");
 }
 
+// The job's communicator, made on first use and kept for the life of the
+// process: MPI starts once and cannot start again once it has finalised,
+// and a command may make several engines one after another (bench's
+// configurations, eval's scorer and generation engine).
+Result<std::shared_ptr<dist::Communicator>> world_communicator() {
+  static std::shared_ptr<dist::Communicator> world;
+  if (!world) {
+    auto c = dist::make_communicator("mpi");
+    if (!c) return c.error();
+    world = std::move(*c);
+  }
+  return world;
+}
+
 Result<EngineOptions> engine_options(const EngineFlags& f) {
   EngineOptions o;
   o.model_path = f.model;
@@ -123,7 +137,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
       return make_error("--tp " + std::to_string(f.tp) + " --ep " + std::to_string(f.ep) +
                         " runs one process per rank: start it with mpirun -np " +
                         std::to_string(std::max(f.tp, f.ep)) + " (README: Running on several processes)");
-    auto comm = dist::make_communicator("mpi");
+    auto comm = world_communicator();
     if (!comm) return comm.error();
     const int n = (*comm)->size();
     if (n > 1 && f.tp == 1 && f.ep == 1)
@@ -131,7 +145,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
                         " processes, but neither --tp nor --ep is " + std::to_string(n) +
                         ": each process would serve the whole model alone");
     (*comm)->set_timeout(f.dist_timeout);
-    o.comm = std::shared_ptr<dist::Communicator>(std::move(*comm));
+    o.comm = *comm;
     if (o.comm->rank() != 0) o.log_capacity = false;
   }
   return o;

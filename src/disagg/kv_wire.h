@@ -1,0 +1,94 @@
+// The KV transfer protocol's messages (disaggregated prefill and decode):
+// what a prefill server and a decode server say to each other over a byte
+// stream, encoded and parsed here and nowhere else. The parser takes bytes
+// from the network, so it trusts nothing: every count is checked against
+// the bytes left before anything is sized from it, every enum and flag
+// against its values, every length against its limits, and trailing bytes
+// are an error. It is fuzzed (fuzz/fuzz_kv_wire.cpp) and every malformed
+// message is refused with a message naming what is wrong and where.
+//
+// Framing: each message is a 24-byte header, then its payload:
+//   magic "KVXF" | version u16 | type u16 | payload length u64 |
+//   XXH3-64 of the payload u64
+// little-endian throughout. The header's checksum covers the whole payload
+// (metadata and page bytes alike); the handoff's per-page XXH3 values are
+// checked again by the decode engine against the bytes it copies in, so a
+// page is verified end to end, from the prefill pool to the decode pool.
+//
+// Messages:
+//   Hello    each side, first: role, model name, the KV layout's hash and a
+//            description of it (dtype, page size, geometry) for the message
+//            when they differ; both sides refuse a peer whose hash differs.
+//   Handoff  prefill -> decode: a request's K/V (engine/kv_handoff.h) and the
+//            request id it belongs to.
+//   Ack      decode -> prefill: a request's handoff was taken (status 0) or
+//            refused (status != 0, with the reason); the prefill side may
+//            then drop its copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/kv_handoff.h"
+
+namespace kvant::disagg {
+
+inline constexpr char kWireMagic[4] = {'K', 'V', 'X', 'F'};
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kWireHeaderBytes = 24;
+// Limits a parser enforces (a peer beyond them is refused, not trusted).
+inline constexpr uint64_t kWireMaxPayload = uint64_t(1) << 36;  // 64 GiB
+inline constexpr int64_t kWireMaxPrompt = int64_t(1) << 24;     // tokens
+inline constexpr int64_t kWireMaxPageBytes = int64_t(1) << 30;
+inline constexpr size_t kWireMaxText = 4096;  // names, descriptions, messages
+
+enum class WireType : uint16_t { kHello = 1, kHandoff = 2, kAck = 3 };
+enum class WireRole : uint16_t { kPrefill = 1, kDecode = 2 };
+
+struct WireHeader {
+  WireType type = WireType::kHello;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_hash = 0;
+};
+
+struct WireHello {
+  WireRole role = WireRole::kPrefill;
+  std::string model;
+  uint64_t layout_hash = 0;
+  std::string layout;  // human-readable, for refusals
+};
+
+struct WireHandoff {
+  uint64_t request_id = 0;
+  KvHandoff kv;
+};
+
+struct WireAck {
+  uint64_t request_id = 0;
+  uint32_t status = 0;  // 0: taken
+  std::string message;
+};
+
+// A whole message (header and payload).
+std::vector<uint8_t> encode(const WireHello& m);
+std::vector<uint8_t> encode(const WireHandoff& m);
+std::vector<uint8_t> encode(const WireAck& m);
+
+// The header at the start of `bytes` (at least kWireHeaderBytes): magic,
+// version, type and payload length checked; the payload is then read by the
+// caller and handed to decode_* with this header.
+Result<WireHeader> decode_header(std::span<const uint8_t> bytes);
+// The payload of a message of the header's type; its hash is checked first.
+Result<WireHello> decode_hello(const WireHeader& h, std::span<const uint8_t> payload);
+Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t> payload);
+Result<WireAck> decode_ack(const WireHeader& h, std::span<const uint8_t> payload);
+
+// A layout's description for Hello ("fp8_e4m3 dynamic, 16-token pages of
+// 92160 bytes, 30 layers x 3 KV heads x 64").
+std::string describe_layout(const KvLayout& l);
+
+}  // namespace kvant::disagg
