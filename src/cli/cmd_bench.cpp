@@ -161,16 +161,39 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   const double tg_s = o.gen_tokens > 0 ? o.gen_tokens * o.reps / tg_sum : 0;
   const std::string isa_s = backend::backend_device("cpu");
   const char* isa = isa_s.c_str();
+  // Every rank's share: time in collectives is the peers' late arrival plus
+  // the transfer, so the rank that was most often last (the smallest share)
+  // bounds what the transfer itself costs.
+  std::vector<double> shares(1, tg_sum > 0 ? tg_comm / tg_sum : 0.0);
+  if (ro.comm) {
+    const double mine = shares[0];
+    shares.assign(size_t(ro.comm->size()), 0.0);
+    auto g = ro.comm->all_gather(std::as_bytes(std::span<const double>(&mine, 1)),
+                                 std::as_writable_bytes(std::span<double>(shares)));
+    if (!g) {
+      std::fprintf(stderr, "kvant: %s\n", g.error().message.c_str());
+      ro.comm->abort(1);
+    }
+  }
+  std::string shares_json = "[";
+  for (size_t i = 0; i < shares.size(); ++i) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.4f", i ? ", " : "", shares[i]);
+    shares_json += b;
+  }
+  shares_json += "]";
+  const double share_min = *std::min_element(shares.begin(), shares.end());
   if (rank != 0) return 0;
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
         "\"tp\": %d, \"ep\": %d, \"decode_comm_share\": %.4f, "
+        "\"decode_comm_share_ranks\": %s, \"decode_comm_share_min\": %.4f, "
         "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
         "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
         "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
         o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.tp, o.ep,
-        tg_sum > 0 ? tg_comm / tg_sum : 0.0, wspec.c_str(),
+        tg_sum > 0 ? tg_comm / tg_sum : 0.0, shares_json.c_str(), share_min, wspec.c_str(),
         model.set_precision(model.prefill_set()).c_str(),
         model.set_precision(model.decode_set()).c_str(), o.int4_group,
         o.int4_lm_head ? "true" : "false", model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
@@ -185,8 +208,9 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
     std::printf("prefill pp%d: %.1f tok/s\ndecode tg%d: %.1f tok/s\n", o.prompt_tokens, pp_s,
                 o.gen_tokens, tg_s);
     if (ro.comm)
-      std::printf("tp %d ep %d: collectives %.1f%% of decode time\n", o.tp, o.ep,
-                  tg_sum > 0 ? 100.0 * tg_comm / tg_sum : 0.0);
+      std::printf("tp %d ep %d: collectives %.1f%% of decode time (ranks %s; the smallest "
+                  "bounds the transfer)\n",
+                  o.tp, o.ep, tg_sum > 0 ? 100.0 * tg_comm / tg_sum : 0.0, shares_json.c_str());
   }
   return 0;
 }
