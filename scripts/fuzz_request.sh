@@ -1,22 +1,7 @@
 #!/usr/bin/env bash
-# Builds the request-path libFuzzer target with clang (ASan + UBSan) in
-# build-fuzz/ and runs it: scripts/fuzz_request.sh [SECONDS] (default 30).
-# A crash leaves its input in build-fuzz/fuzz_request-findings/ and exits
-# non-zero. Longer runs by hand: scripts/fuzz_request.sh 3600.
+# The request-path libFuzzer target (HTTP, header checks, the OpenAI parser):
+# scripts/fuzz_request.sh [SECONDS] (default 30; longer by hand, e.g. 3600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_TO_RUN="${1:-30}"
-if ! command -v clang++ >/dev/null; then
-  echo "fuzz_request: clang++ is not installed (scripts/setup.sh installs it)" >&2
-  exit 1
-fi
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DKVANT_FUZZ=ON -DKVANT_TESTS=OFF -DKVANT_BENCH=OFF >/dev/null
-ninja -C build-fuzz fuzz_request >/dev/null
-corpus=build-fuzz/fuzz_request-corpus
-findings=build-fuzz/fuzz_request-findings
-mkdir -p "$corpus" "$findings"
-# -rss_limit_mb: a parse that needs more memory than this is a finding too.
-build-fuzz/fuzz/fuzz_request -dict=fuzz/request.dict -max_total_time="$SECONDS_TO_RUN" \
-  -max_len=65536 -rss_limit_mb=2048 -artifact_prefix="$findings/" -print_final_stats=1 \
-  "$corpus" fuzz/request_seeds 2>&1 | tail -n 12
+exec bash scripts/fuzz.sh fuzz_request "${1:-30}" fuzz/request_seeds -dict=fuzz/request.dict \
+  -max_len=65536

@@ -231,7 +231,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   return e;
 }
 
-Result<RequestId> Engine::submit(Request r) {
+// Every request's checks and clamps (submit, submit_handoff).
+Result<void> Engine::check_request(Request& r) const {
   const ModelConfig& c = model_->config();
   if (r.prompt.empty()) return make_error("the prompt is empty");
   for (int32_t t : r.prompt)
@@ -257,9 +258,15 @@ Result<RequestId> Engine::submit(Request r) {
     if (r.prompt_only) return make_error("a handoff request generates its first token; not prompt_only");
     r.stop.max_tokens = 1;
   }
+  return {};
+}
+
+RequestId Engine::enqueue(Request r, std::shared_ptr<const KvHandoff> handoff_in) {
+  const int64_t n = int64_t(r.prompt.size());
   auto req = std::make_unique<Req>(std::move(r), *tokenizer_);
   req->id = next_id_.fetch_add(1);
   req->prompt_tokens = n;
+  req->handoff_in = std::move(handoff_in);
   const RequestId id = req->id;
   {
     std::lock_guard<std::mutex> lk(inbox_mu_);
@@ -267,6 +274,11 @@ Result<RequestId> Engine::submit(Request r) {
     pending_.fetch_add(1);
   }
   return id;
+}
+
+Result<RequestId> Engine::submit(Request r) {
+  KV_TRY(check_request(r));
+  return enqueue(std::move(r), nullptr);
 }
 
 void Engine::cancel(RequestId id) {

@@ -288,6 +288,10 @@ class Engine {
   void capture_handoff(Req& r, int32_t token, std::span<const PageRef> pages,
                        const StepLogprobs* lp);
   void admit_imports();
+  // submit()'s checks and clamps (max_tokens to the room left), and the
+  // queueing of a checked request.
+  Result<void> check_request(Request& r) const;
+  RequestId enqueue(Request r, std::shared_ptr<const KvHandoff> handoff_in);
   Result<void> start_import(Req& r);
   uint64_t layout_hash_ = 0;
 

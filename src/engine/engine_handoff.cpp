@@ -86,30 +86,14 @@ Result<RequestId> Engine::submit_handoff(Request request, std::shared_ptr<const 
                   std::to_string(pool_->num_pages()));
   // submit()'s checks and clamps, as for any request; the handed-over first
   // token counts against max_tokens.
-  request.handoff = false;
-  const int64_t plen = int64_t(request.prompt.size());
-  if (plen + 1 >= capacity_.max_context)
+  if (auto c = check_request(request); !c) return refuse(c.error().message);
+  if (int64_t(request.prompt.size()) + 1 >= capacity_.max_context)
     return refuse("the prompt and its first token fill the context of " +
                   std::to_string(capacity_.max_context));
-  KV_TRY(check_sampling_params(request.sampling));
-  KV_TRY(check_stop_params(request.stop));
-  const int64_t room = capacity_.max_context - plen;
-  if (request.stop.max_tokens <= 0 || request.stop.max_tokens > room)
-    request.stop.max_tokens = int32_t(room);
   if (request.stop.max_tokens < 2)
     return refuse("max_tokens " + std::to_string(request.stop.max_tokens) +
                   ": the prefill side's first token was all of it");
-  auto req = std::make_unique<Req>(std::move(request), *tokenizer_);
-  req->id = next_id_.fetch_add(1);
-  req->prompt_tokens = plen;
-  req->handoff_in = std::move(kv);
-  const RequestId id = req->id;
-  {
-    std::lock_guard<std::mutex> lk(inbox_mu_);
-    inbox_.push_back(std::move(req));
-    pending_.fetch_add(1);
-  }
-  return id;
+  return enqueue(std::move(request), std::move(kv));
 }
 
 // Stepping thread, at admission: every waiting import in order, until one
