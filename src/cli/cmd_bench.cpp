@@ -44,6 +44,7 @@ struct BenchOpts {
   // Under mpirun (README: Several processes).
   int tp = 1, ep = 1;
   double dist_timeout = 30;
+  bool comm_split = false;
 };
 
 double now_s() {
@@ -118,7 +119,8 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab - 1));
   std::vector<float> logits(size_t(c.vocab));
-  double pp_sum = 0, tg_sum = 0, tg_comm = 0;
+  double pp_sum = 0, tg_sum = 0, tg_comm = 0, tg_wait = 0;
+  if (o.comm_split) model.set_comm_split(true);
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
     SeqKv kv(c, ctx);
     double pp = 0, tg = 0;
@@ -138,7 +140,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
       SeqKv kv2(c, ctx);
       int32_t next = tok(rng);
       RunChunk chunk{&kv2, 0, std::span<const int32_t>(&next, 1), false};
-      const double c0 = model.comm_seconds();
+      const double c0 = model.comm_seconds(), w0 = model.comm_wait_seconds();
       const double t0 = now_s();
       for (int i = 0; i < o.gen_tokens; ++i) {
         chunk.pos0 = i;
@@ -150,7 +152,10 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
         next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       }
       tg = now_s() - t0;
-      if (rep > 0) tg_comm += model.comm_seconds() - c0;
+      if (rep > 0) {
+        tg_comm += model.comm_seconds() - c0;
+        tg_wait += model.comm_wait_seconds() - w0;
+      }
     }
     if (rep > 0) {
       pp_sum += pp;
@@ -164,36 +169,52 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   // Every rank's share: time in collectives is the peers' late arrival plus
   // the transfer, so the rank that was most often last (the smallest share)
   // bounds what the transfer itself costs.
-  std::vector<double> shares(1, tg_sum > 0 ? tg_comm / tg_sum : 0.0);
-  if (ro.comm) {
-    const double mine = shares[0];
-    shares.assign(size_t(ro.comm->size()), 0.0);
-    auto g = ro.comm->all_gather(std::as_bytes(std::span<const double>(&mine, 1)),
-                                 std::as_writable_bytes(std::span<double>(shares)));
-    if (!g) {
-      std::fprintf(stderr, "kvant: %s\n", g.error().message.c_str());
-      ro.comm->abort(1);
+  // With --comm-split, each share also splits into the wait for the last
+  // rank (a timed barrier before each collective) and the transfer after it.
+  const auto every_rank = [&](double mine) {
+    std::vector<double> v(1, mine);
+    if (ro.comm) {
+      v.assign(size_t(ro.comm->size()), 0.0);
+      auto g = ro.comm->all_gather(std::as_bytes(std::span<const double>(&mine, 1)),
+                                   std::as_writable_bytes(std::span<double>(v)));
+      if (!g) {
+        std::fprintf(stderr, "kvant: %s\n", g.error().message.c_str());
+        ro.comm->abort(1);
+      }
     }
+    return v;
+  };
+  const auto json_list = [](const std::vector<double>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%s%.4f", i ? ", " : "", v[i]);
+      out += b;
+    }
+    return out + "]";
+  };
+  const std::vector<double> shares = every_rank(tg_sum > 0 ? tg_comm / tg_sum : 0.0);
+  const std::vector<double> waits = every_rank(tg_sum > 0 ? tg_wait / tg_sum : 0.0);
+  const std::string shares_json = json_list(shares);
+  std::string split_json;
+  if (o.comm_split) {
+    std::vector<double> transfers(shares.size());
+    for (size_t i = 0; i < shares.size(); ++i) transfers[i] = shares[i] - waits[i];
+    split_json = "\"decode_comm_wait_share_ranks\": " + json_list(waits) +
+                 ", \"decode_comm_transfer_share_ranks\": " + json_list(transfers) + ", ";
   }
-  std::string shares_json = "[";
-  for (size_t i = 0; i < shares.size(); ++i) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%s%.4f", i ? ", " : "", shares[i]);
-    shares_json += b;
-  }
-  shares_json += "]";
   const double share_min = *std::min_element(shares.begin(), shares.end());
   if (rank != 0) return 0;
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
         "\"tp\": %d, \"ep\": %d, \"decode_comm_share\": %.4f, "
-        "\"decode_comm_share_ranks\": %s, \"decode_comm_share_min\": %.4f, "
+        "\"decode_comm_share_ranks\": %s, \"decode_comm_share_min\": %.4f, %s"
         "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
         "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
         "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
         o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.tp, o.ep,
-        tg_sum > 0 ? tg_comm / tg_sum : 0.0, shares_json.c_str(), share_min, wspec.c_str(),
+        tg_sum > 0 ? tg_comm / tg_sum : 0.0, shares_json.c_str(), share_min, split_json.c_str(), wspec.c_str(),
         model.set_precision(model.prefill_set()).c_str(),
         model.set_precision(model.decode_set()).c_str(), o.int4_group,
         o.int4_lm_head ? "true" : "false", model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
@@ -457,6 +478,9 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--tp", o.tp, "tensor-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o.ep, "expert-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--comm-split", o.comm_split,
+                "under mpirun: a timed barrier before each collective splits the communication "
+                "share into waiting for the last rank and the transfer (slows each step)");
   cmd->add_option("--dist-timeout", o.dist_timeout, "seconds a collective waits for a peer rank")
       ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")

@@ -55,6 +55,8 @@ int ModelRunner::decode_set() const { return impl_->model->decode_set(); }
 std::string ModelRunner::set_precision(int set) const { return impl_->model->set_precision(set); }
 size_t ModelRunner::set_bytes(int set) const { return impl_->model->set_bytes(set); }
 double ModelRunner::comm_seconds() const { return impl_->model->comm_seconds(); }
+void ModelRunner::set_comm_split(bool on) { impl_->model->set_comm_split(on); }
+double ModelRunner::comm_wait_seconds() const { return impl_->model->comm_wait_seconds(); }
 
 void ModelRunner::reserve(int64_t tokens, int64_t context) {
   impl_->model->reserve(tokens, context);

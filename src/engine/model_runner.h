@@ -93,6 +93,11 @@ class ModelRunner {
   Result<void> forward(std::span<const RunChunk> chunks, std::span<float> logits);
   // Seconds of forward spent in collectives (0 in one process).
   double comm_seconds() const;
+  // Diagnostic: a timed barrier before every collective; comm_wait_seconds
+  // is the part of comm_seconds spent waiting there for the last rank
+  // (model/model.h, set_comm_split).
+  void set_comm_split(bool on);
+  double comm_wait_seconds() const;
   Result<void> forward(const RunChunk& chunk, std::span<float> logits) {
     return forward(std::span<const RunChunk>(&chunk, 1), logits);
   }

@@ -113,6 +113,13 @@ class Model {
   // slowest rank included): the communication share of a step is this over
   // the forward's time.
   double comm_seconds() const { return comm_seconds_; }
+  // Diagnostic (bench --comm-split): every collective first waits in a
+  // barrier, timed apart, so that the time in collectives splits into
+  // waiting for the last rank to arrive (comm_wait_seconds) and the transfer
+  // once all have (the rest of comm_seconds). The barrier adds one round
+  // trip per collective, so steps run slower with it on.
+  void set_comm_split(bool on) { comm_split_ = on; }
+  double comm_wait_seconds() const { return comm_wait_seconds_; }
   const ModelWeights& weights() const { return sets_[0]; }
   const ModelWeights& weight_set(int i) const { return sets_[size_t(i)]; }
   int prefill_set() const { return prefill_set_; }
@@ -178,7 +185,8 @@ class Model {
   dist::ShardPlan shard_;
   dist::Communicator* comm_ = nullptr;
   int tp_ = 1, ep_ = 1;
-  double comm_seconds_ = 0;
+  double comm_seconds_ = 0, comm_wait_seconds_ = 0;
+  bool comm_split_ = false;
   std::vector<ModelWeights> sets_;
   int prefill_set_ = 0, decode_set_ = 0;
   std::unique_ptr<backend::Backend> be_;

@@ -50,8 +50,15 @@ struct Model::Workspace {
 template <class F>
 void Model::collective(F&& call) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (comm_split_) {
+    if (auto r = comm_->barrier(); !r) comm_failed(r.error());
+    const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    comm_wait_seconds_ += w;
+    comm_seconds_ += w;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
   if (auto r = call(); !r) comm_failed(r.error());
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
 }  // namespace kvant
