@@ -46,6 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case WireType::kAck:
       if (auto m = decode_ack(hh, payload); m && !fix_hash) round_trip(encode(*m), in);
       break;
+    case WireType::kPull:
+      if (auto m = decode_pull(hh, payload); m && !fix_hash) round_trip(encode(*m), in);
+      break;
   }
   return 0;
 }

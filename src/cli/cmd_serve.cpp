@@ -35,6 +35,13 @@ struct ServeOpts {
   std::vector<std::string> allowed_hosts, allowed_origins;
   int max_logprobs = kMaxTopLogprobs;
   double shutdown_grace = 30;
+  // Disaggregated prefill and decode.
+  std::string role = "colocated";
+  int kv_port = 0;
+  std::vector<std::string> prefill_peers;
+  double kv_lease = 60, kv_transfer_timeout = 600;
+  int64_t debug_kv_flip_handoff = 0;
+  double debug_kv_send_pause = 0;
 };
 
 int fail(const std::string& msg) {
@@ -62,6 +69,12 @@ int run_serve(const ServeOpts& o) {
                 ") must be at least --max-body (" + o.max_body + ")");
   auto key = server::resolve_api_key(o.api_key, o.api_key_file);
   if (!key) return fail(key.error().message);
+  if (o.role != "colocated" && (o.engine.tp > 1 || o.engine.ep > 1))
+    return fail("--role " + o.role + " runs in one process for now (no --tp/--ep)");
+  if (o.role == "decode" && o.prefill_peers.empty())
+    return fail("--role decode needs --prefill-peer HOST:PORT (the prefill servers' KV ports)");
+  if (o.role != "decode" && !o.prefill_peers.empty())
+    return fail("--prefill-peer is for --role decode");
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
@@ -93,6 +106,13 @@ int run_serve(const ServeOpts& o) {
   so.allowed_origins = o.allowed_origins;
   so.max_logprobs = o.max_logprobs;
   so.shutdown_grace_seconds = o.shutdown_grace;
+  if (o.role != "colocated") so.role = o.role;
+  so.kv_port = o.kv_port;
+  so.prefill_peers = o.prefill_peers;
+  so.kv_transport.lease_seconds = o.kv_lease;
+  so.kv_transport.transfer_timeout_seconds = o.kv_transfer_timeout;
+  so.kv_transport.debug_flip_handoff = o.debug_kv_flip_handoff;
+  so.kv_transport.debug_send_pause_seconds = o.debug_kv_send_pause;
   auto fmt = o.chat_template.empty()
                  ? detect_chat_format(eng.chat_template(), eng.model_config().arch_name)
                  : chat_format_from_name(o.chat_template);
@@ -180,6 +200,29 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--shutdown-grace", o.shutdown_grace,
                   "seconds in-flight requests get after SIGTERM before they are cancelled")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--role", o.role,
+                  "colocated (default), prefill (runs prompts and hands their K/V to decode "
+                  "servers) or decode (generates from K/V pulled from prefill servers)")
+      ->check(CLI::IsMember({"colocated", "prefill", "decode"}));
+  cmd->add_option("--kv-port", o.kv_port,
+                  "prefill role: the KV transfer port on --host (0 = any free one; /health shows it)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--prefill-peer", o.prefill_peers,
+                  "decode role: a prefill server's KV transfer address HOST:PORT (repeatable); "
+                  "checked at start, a different KV layout refuses to start")
+      ->delimiter(',');
+  cmd->add_option("--kv-lease", o.kv_lease,
+                  "prefill role: seconds a handoff's copy waits for the decode side's ack")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--kv-transfer-timeout", o.kv_transfer_timeout,
+                  "seconds a transfer may take, the prompt's prefill included")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--debug-kv-flip-handoff", o.debug_kv_flip_handoff,
+                  "debug, prefill role: flip one byte of the Nth handoff's pages in transit")
+      ->group("");
+  cmd->add_option("--debug-kv-send-pause", o.debug_kv_send_pause,
+                  "debug, prefill role: pause this many seconds halfway through each handoff")
+      ->group("");
   cmd->callback([] { set_exit_code(run_serve(o)); });
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "engine/request_codec.h"
+
 namespace kvant::disagg {
 namespace {
 
@@ -175,6 +177,19 @@ std::vector<uint8_t> encode(const WireAck& m) {
   return frame(WireType::kAck, std::move(w.out()));
 }
 
+// A pull's request travels as a one-request StepInputs (request_codec.h),
+// so that one parser, already fuzzed, reads requests from peers.
+std::vector<uint8_t> encode(const WirePull& m) {
+  StepInputs in;
+  in.submitted.emplace_back(m.request_id, m.request);
+  in.submitted.back().second.on_event = nullptr;
+  const std::vector<std::byte> body = encode_step_inputs(in);
+  Writer w;
+  w.u64(m.request_id);
+  w.raw(body.data(), body.size());
+  return frame(WireType::kPull, std::move(w.out()));
+}
+
 Result<WireHeader> decode_header(std::span<const uint8_t> bytes) {
   if (bytes.size() < kWireHeaderBytes)
     return make_error("KV transfer: a header needs " + std::to_string(kWireHeaderBytes) +
@@ -190,7 +205,7 @@ Result<WireHeader> decode_header(std::span<const uint8_t> bytes) {
   if (version != kWireVersion)
     return make_error("KV transfer: protocol version " + std::to_string(version) +
                       "; this build speaks version " + std::to_string(kWireVersion));
-  if (type < uint16_t(WireType::kHello) || type > uint16_t(WireType::kAck))
+  if (type < uint16_t(WireType::kHello) || type > uint16_t(WireType::kPull))
     return make_error("KV transfer: unknown message type " + std::to_string(type));
   h.type = WireType(type);
   if (h.payload_bytes > kWireMaxPayload)
@@ -286,6 +301,24 @@ Result<WireAck> decode_ack(const WireHeader& h, std::span<const uint8_t> payload
   m.message = r.text("message");
   r.done();
   if (!r.ok()) return make_error(r.error());
+  return m;
+}
+
+Result<WirePull> decode_pull(const WireHeader& h, std::span<const uint8_t> payload) {
+  KV_TRY(check_payload(h, WireType::kPull, payload, "pull"));
+  Reader r(payload, "pull");
+  WirePull m;
+  m.request_id = r.get<uint64_t>("request id");
+  if (!r.ok()) return make_error(r.error());
+  auto in = decode_step_inputs(std::as_bytes(payload.subspan(8)));
+  if (!in) return make_error("KV transfer: pull message: " + in.error().message);
+  if (in->submitted.size() != 1 || !in->cancelled.empty() || in->shutdown)
+    return make_error("KV transfer: pull message: " + std::to_string(in->submitted.size()) +
+                      " requests, " + std::to_string(in->cancelled.size()) +
+                      " cancellations (one request and nothing else expected)");
+  if (in->submitted[0].first != m.request_id)
+    return make_error("KV transfer: pull message: the request id differs from its request's");
+  m.request = std::move(in->submitted[0].second);
   return m;
 }
 

@@ -21,9 +21,14 @@
 //            when they differ; both sides refuse a peer whose hash differs.
 //   Handoff  prefill -> decode: a request's K/V (engine/kv_handoff.h) and the
 //            request id it belongs to.
+//   Pull     decode -> prefill: run this request's prompt (the engine's
+//            Request, in the request codec's encoding, engine/
+//            request_codec.h) and send its handoff; the decode side sends it
+//            once it has room for the pages.
 //   Ack      decode -> prefill: a request's handoff was taken (status 0) or
 //            refused (status != 0, with the reason); the prefill side may
-//            then drop its copy.
+//            then drop its copy. prefill -> decode: the prefill side could
+//            not produce the handoff (status != 0, the reason).
 #pragma once
 
 #include <cstddef>
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "engine/engine.h"
 #include "engine/kv_handoff.h"
 
 namespace kvant::disagg {
@@ -46,7 +52,7 @@ inline constexpr int64_t kWireMaxPrompt = int64_t(1) << 24;     // tokens
 inline constexpr int64_t kWireMaxPageBytes = int64_t(1) << 30;
 inline constexpr size_t kWireMaxText = 4096;  // names, descriptions, messages
 
-enum class WireType : uint16_t { kHello = 1, kHandoff = 2, kAck = 3 };
+enum class WireType : uint16_t { kHello = 1, kHandoff = 2, kAck = 3, kPull = 4 };
 enum class WireRole : uint16_t { kPrefill = 1, kDecode = 2 };
 
 struct WireHeader {
@@ -67,6 +73,11 @@ struct WireHandoff {
   KvHandoff kv;
 };
 
+struct WirePull {
+  uint64_t request_id = 0;
+  Request request;  // on_event is not carried
+};
+
 struct WireAck {
   uint64_t request_id = 0;
   uint32_t status = 0;  // 0: taken
@@ -77,6 +88,7 @@ struct WireAck {
 std::vector<uint8_t> encode(const WireHello& m);
 std::vector<uint8_t> encode(const WireHandoff& m);
 std::vector<uint8_t> encode(const WireAck& m);
+std::vector<uint8_t> encode(const WirePull& m);
 
 // The header at the start of `bytes` (at least kWireHeaderBytes): magic,
 // version, type and payload length checked; the payload is then read by the
@@ -86,6 +98,7 @@ Result<WireHeader> decode_header(std::span<const uint8_t> bytes);
 Result<WireHello> decode_hello(const WireHeader& h, std::span<const uint8_t> payload);
 Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t> payload);
 Result<WireAck> decode_ack(const WireHeader& h, std::span<const uint8_t> payload);
+Result<WirePull> decode_pull(const WireHeader& h, std::span<const uint8_t> payload);
 
 // A layout's description for Hello ("fp8_e4m3 dynamic, 16-token pages of
 // 92160 bytes, 30 layers x 3 KV heads x 64").

@@ -189,6 +189,7 @@ void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent
   const auto now = Clock::now();
   if (!gen->any_event) {
     gen->any_event = true;
+    release_reserved(*gen);
     queued_.fetch_sub(1);
     queued_tokens_.fetch_sub(gen->queued_tokens);
   }
@@ -349,7 +350,10 @@ awaitable<bool> Server::generate(ConnPtr conn, Request& req, Endpoint endpoint,
     if (e->status == 429) h = header("Retry-After", "1");
     co_return co_await send_error(conn, req, *e, true, std::move(h));
   }
-  co_return co_await run_generation(conn, req, endpoint, std::move(p), std::move(held));
+  std::string peer;
+  if (auto e = disagg_peer(req, p, peer)) co_return co_await send_error(conn, req, *e);
+  co_return co_await run_generation(conn, req, endpoint, std::move(p), std::move(held),
+                                    std::move(peer));
 }
 
 // Submits a prepared request and answers it: streamed as SSE events or
@@ -357,7 +361,7 @@ awaitable<bool> Server::generate(ConnPtr conn, Request& req, Endpoint endpoint,
 // unfinished one is cancelled) and leaves the active table only after its
 // last byte is written, which is what the drain waits for.
 awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
-                                       Reservation held) {
+                                       Reservation held, std::string peer) {
   const ParsedRequest& pr = p.pr;
   const Tokenizer& tok = engine_.tokenizer();
   auto gen = std::make_shared<Generation>(io_);
@@ -365,14 +369,46 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
   gen->queued_tokens = int64_t(p.ids.size());
   kvant::Request er = engine_request(pr, std::move(p.ids));
   er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
+  // Disaggregated: the prompt runs on the prefill server `peer`, and its
+  // K/V arrives here before the request is queued.
+  std::shared_ptr<disagg::KvPull> pull;
+  std::shared_ptr<KvHandoff> kv;
+  if (!peer.empty()) {
+    gen->watching = true;
+    asio::co_spawn(io_, watch_disconnect(conn, gen), asio::detached);
+    auto e = co_await pull_prompt(gen, er, peer, pull, kv);
+    if (e || gen->disconnected) {
+      release_reserved(*gen);
+      co_await stop_watching(conn, gen);
+      if (gen->disconnected) co_return false;
+      co_return co_await send_error(conn, req, *e, false);
+    }
+  }
   queued_.fetch_add(1);
   in_flight_.fetch_add(1);
   queued_tokens_.fetch_add(gen->queued_tokens);
-  auto id = engine_.submit(std::move(er));
+  auto id = kv ? engine_.submit_handoff(std::move(er), kv) : engine_.submit(std::move(er));
+  if (pull) {
+    pull->ack(id ? 0 : 1, id ? std::string() : id.error().message);
+    kv.reset();
+  }
   if (!id) {
     queued_.fetch_sub(1);
     in_flight_.fetch_sub(1);
     queued_tokens_.fetch_sub(gen->queued_tokens);
+    if (pull) {
+      kv_pulls_refused_.fetch_add(1);
+      release_reserved(*gen);
+      std::fprintf(stderr, "kvant serve: refused a handoff from %s: %s\n", peer.c_str(),
+                   id.error().message.c_str());
+      co_await stop_watching(conn, gen);
+      co_return co_await send_error(
+          conn, req,
+          api_error(502, "the prompt's K/V from the prefill server was refused: " +
+                             id.error().message,
+                    "server_error", "kv_integrity_error"),
+          false);
+    }
     co_return co_await send_error(conn, req,
                                   api_error(400, id.error().message, "invalid_request_error"));
   }
@@ -387,8 +423,10 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       s->active_.erase(g);
     }
   } release{this, gen};
-  gen->watching = true;
-  asio::co_spawn(io_, watch_disconnect(conn, gen), asio::detached);
+  if (!gen->watching) {
+    gen->watching = true;
+    asio::co_spawn(io_, watch_disconnect(conn, gen), asio::detached);
+  }
 
   ResponseMeta meta{new_id(endpoint),
                     std::chrono::duration_cast<std::chrono::seconds>(

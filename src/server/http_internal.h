@@ -76,6 +76,9 @@ struct Generation {
   Clock::time_point arrival, last_token;
   bool any_event = false, any_token = false;
   int64_t queued_tokens = 0;  // counted in Server::queued_tokens_ until its first event
+  // Pages reserved for its pull (disaggregated decode), released with its
+  // first event or when the pull fails.
+  std::atomic<int64_t> reserved_pages{0};
 };
 
 struct Connection {
@@ -140,7 +143,7 @@ class Server {
   std::optional<ApiError> admit(const Prepared& p, Reservation& held);
   int64_t held_bytes(const Prepared& p) const;
   awaitable<bool> run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
-                                 Reservation held);
+                                 Reservation held, std::string peer = {});
   awaitable<bool> write_sse_head(ConnPtr conn, const Request& req);
   awaitable<bool> write_early_head(ConnPtr conn, const Request& req);
   awaitable<void> watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen);
@@ -150,6 +153,19 @@ class Server {
   void cancel_from_engine_thread(Generation& gen);  // engine thread
   std::string new_id(Endpoint endpoint);
 
+  // disagg_serving.cpp: the prefill role's KV listener and the decode
+  // role's puller (0, or the exit code when start-up must fail).
+  int start_disagg();
+  // Which prefill server a request names (X-Kvant-Prefill), checked; empty
+  // when it runs here.
+  std::optional<ApiError> disagg_peer(const Request& req, const Prepared& p, std::string& peer);
+  // Reserves pages for the prompt, pulls its K/V from `peer`; the handoff,
+  // or the error to answer.
+  awaitable<std::optional<ApiError>> pull_prompt(std::shared_ptr<Generation> gen,
+                                                 const kvant::Request& er, const std::string& peer,
+                                                 std::shared_ptr<disagg::KvPull>& pull,
+                                                 std::shared_ptr<KvHandoff>& kv);
+  void release_reserved(Generation& gen);
   // Runs f() on the worker pool and resumes on the I/O thread with its
   // result (an exception from f is rethrown here). The worker hands the
   // result over by posting to the I/O context, so the coroutine never runs
@@ -207,6 +223,12 @@ class Server {
   asio::thread_pool workers_;
   tcp::acceptor acceptor_;
   asio::signal_set signals_;
+  // Disaggregation (after io_: gone before it, since their threads post to it).
+  std::unique_ptr<disagg::KvPuller> puller_;
+  std::unique_ptr<disagg::KvPullServer> kv_server_;
+  std::atomic<int64_t> kv_pulls_{0}, kv_pulls_failed_{0}, kv_pulls_refused_{0}, kv_pull_bytes_{0};
+  std::atomic<int64_t> reserved_pages_{0}, pulls_waiting_{0};
+  std::atomic<uint64_t> pull_seq_{0};
 };
 
 }  // namespace kvant::server

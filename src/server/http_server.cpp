@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "disagg/kv_wire.h"
 #include "server/http_internal.h"
 
 namespace kvant::server {
@@ -81,6 +82,14 @@ ServerGauges Server::gauges() const {
   g.held_bytes_limit = budget_.limit();
   g.connections = limits_.open();
   g.worker_jobs = worker_jobs_.load();
+  g.role = opt_.role;
+  g.kv_pulls = kv_pulls_.load();
+  g.kv_pulls_failed = kv_pulls_failed_.load();
+  g.kv_pulls_refused = kv_pulls_refused_.load();
+  g.kv_pull_bytes = kv_pull_bytes_.load();
+  g.kv_pages_reserved = reserved_pages_.load();
+  g.kv_pulls_waiting = pulls_waiting_.load();
+  if (kv_server_) g.kv_served = kv_server_->stats();
   return g;
 }
 
@@ -418,6 +427,15 @@ std::string Server::health_body() const {
   } else {
     j["status"] = draining_ ? "unavailable" : "ok";
   }
+  if (!opt_.role.empty()) {
+    j["role"] = opt_.role;
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", (unsigned long long)engine_.kv_layout_hash());
+    j["kv_layout_hash"] = hash;
+    j["kv_layout"] = disagg::describe_layout(engine_.kv_layout());
+    if (kv_server_) j["kv_port"] = kv_server_->port();
+    j["in_flight"] = in_flight_.load();
+  }
   return dump_json(j);
 }
 
@@ -585,6 +603,7 @@ int Server::run() {
     return 1;
   }
   const int port = acceptor_.local_endpoint().port();
+  if (int rc = start_disagg(); rc != 0) return rc;
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
   arm_signals();

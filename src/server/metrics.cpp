@@ -102,6 +102,47 @@ std::string Metrics::render(const ServerGauges& g) const {
   line(o, "kvant_http_connections", "gauge", "Open client connections.", double(g.connections));
   line(o, "kvant_http_worker_jobs", "gauge", "Parse and tokenize jobs queued or running.",
        double(g.worker_jobs));
+  if (g.role == "decode") {
+    line(o, "kvant_kv_pulls_total", "counter", "Prompts whose K/V was pulled from a prefill server.",
+         double(g.kv_pulls));
+    line(o, "kvant_kv_pulls_failed_total", "counter",
+         "Pulls that ended without K/V (peer unreachable, refused, gone or timed out).",
+         double(g.kv_pulls_failed));
+    line(o, "kvant_kv_transfer_refused_total", "counter",
+         "Handoffs that arrived and were refused (checksum, layout or shape): never decoded from.",
+         double(g.kv_pulls_refused));
+    line(o, "kvant_kv_pull_bytes_total", "counter", "KV page bytes pulled.",
+         double(g.kv_pull_bytes));
+    line(o, "kvant_kv_pages_reserved", "gauge",
+         "Pages reserved for pulls in flight (taken before the prefill server is asked).",
+         double(g.kv_pages_reserved));
+    line(o, "kvant_kv_pulls_waiting", "gauge", "Pulls waiting for free pages (back-pressure).",
+         double(g.kv_pulls_waiting));
+  }
+  if (g.role == "prefill") {
+    const auto& k = g.kv_served;
+    line(o, "kvant_kv_peer_connections_total", "counter", "KV transfer connections accepted.",
+         double(k.connections));
+    line(o, "kvant_kv_peers_refused_total", "counter",
+         "KV transfer peers refused at connection (layout differs, bad hello).",
+         double(k.refused_peers));
+    line(o, "kvant_kv_handoffs_sent_total", "counter", "Handoffs sent to decode servers.",
+         double(k.sent));
+    line(o, "kvant_kv_handoffs_acked_total", "counter", "Handoffs a decode server took.",
+         double(k.acked));
+    line(o, "kvant_kv_handoffs_rejected_total", "counter",
+         "Handoffs a decode server refused (checksum, layout or shape).", double(k.rejected));
+    line(o, "kvant_kv_handoffs_failed_total", "counter",
+         "Pulls that failed on this side (prompt failed, peer gone mid-transfer).",
+         double(k.failed));
+    line(o, "kvant_kv_leases_expired_total", "counter",
+         "Handoff copies dropped because no ack came within the lease.",
+         double(k.leases_expired));
+    line(o, "kvant_kv_handoffs_held", "gauge", "Handoff copies waiting for their ack.",
+         double(k.held));
+    line(o, "kvant_kv_handoff_bytes_total", "counter", "Bytes of handoff messages sent.",
+         double(k.bytes_sent));
+  }
   line(o, "kvant_engine_step_failures_total", "counter",
        "Engine steps whose work failed (their requests got an error).", double(s.step_failures));
   line(o, "kvant_kv_pages_total", "gauge", "KV cache pages in the pool.", double(s.kv_pages_total));

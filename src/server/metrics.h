@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "disagg/kv_transport.h"
 #include "engine/engine.h"
 
 namespace kvant::server {
@@ -39,6 +40,11 @@ struct ServerGauges {
   int64_t held_bytes_limit = 0;
   int64_t connections = 0;
   int64_t worker_jobs = 0;  // parse/tokenize jobs queued or running
+  // Disaggregation (role "prefill" or "decode"; not rendered otherwise).
+  std::string role;
+  int64_t kv_pulls = 0, kv_pulls_failed = 0, kv_pulls_refused = 0;  // decode side
+  int64_t kv_pull_bytes = 0, kv_pages_reserved = 0, kv_pulls_waiting = 0;
+  disagg::KvPullServerStats kv_served;  // prefill side
 };
 
 class Metrics {

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "disagg/kv_transport.h"
 #include "engine/engine.h"
 
 namespace kvant::server {
@@ -54,6 +55,15 @@ struct ServerOptions {
   std::vector<std::string> allowed_hosts, allowed_origins;
   double shutdown_grace_seconds = 30;  // in-flight requests get this long after SIGTERM
   ChatRenderer render_chat;            // required for /v1/chat/completions
+  // Disaggregated prefill and decode (README: Disaggregated serving).
+  // "" (colocated), "prefill" or "decode".
+  std::string role;
+  // prefill: the KV transfer listener's port (on `host`; 0: any free one).
+  int kv_port = 0;
+  // decode: the prefill servers' KV transfer addresses ("host:port") this
+  // server may pull from; a request names one in its X-Kvant-Prefill header.
+  std::vector<std::string> prefill_peers;
+  disagg::TcpTransportOptions kv_transport;
   // Called once the port is bound (tests and the CLI print the address).
   std::function<void(const std::string& host, int port)> on_listening;
 };
