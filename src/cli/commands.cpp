@@ -16,6 +16,7 @@ void register_all(CLI::App& app) {
   register_eval_weights(app);
   register_eval(app);
   register_serve(app);
+  register_router(app);
   register_quantize(app);
   register_synth(app);
 }

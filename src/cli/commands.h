@@ -15,6 +15,7 @@ void register_eval_kv(CLI::App& app);
 void register_eval_weights(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_router(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_bench_serve(CLI::App& bench);  // `kvant bench serve`, under bench
