@@ -468,9 +468,12 @@ class Router {
       if (retry && may_retry) co_return Outcome::kPrefillFailed;
     }
     count_status(status);
+    const bool upstream_done = ec == asio::error::eof;  // nothing more to read
+    if (ec && !upstream_done) ++d.failures;
     c.expires_after(std::chrono::seconds(60));
     co_await asio::async_write(c, asio::buffer(head), asio::redirect_error(use_awaitable, ec));
     if (ec) co_return Outcome::kClientGone;
+    if (upstream_done) co_return Outcome::kDone;
     // Then everything else as it comes, until the decode server closes.
     // The client's side is watched too: a client that goes away closes the
     // decode server's connection, which cancels the request there.

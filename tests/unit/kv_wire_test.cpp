@@ -98,6 +98,46 @@ TEST(KvWire, RoundTripsEveryMessage) {
   EXPECT_FALSE(decode_hello(*ah, std::span<const uint8_t>(ab).subspan(kWireHeaderBytes)).ok());
 }
 
+TEST(KvWire, PullRoundTripsItsRequest) {
+  WirePull pull;
+  pull.request_id = 42;
+  pull.request.prompt = {1, 2, 3, 4};
+  pull.request.sampling.temperature = 0.7f;
+  pull.request.sampling.seed = 9;
+  pull.request.stop.max_tokens = 17;
+  pull.request.stop.stop = {"\n\n"};
+  pull.request.logprobs = true;
+  pull.request.handoff = true;
+  auto b = encode(pull);
+  auto h = decode_header(b);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->type, WireType::kPull);
+  auto d = decode_pull(*h, std::span<const uint8_t>(b).subspan(kWireHeaderBytes));
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->request_id, 42u);
+  EXPECT_EQ(d->request.prompt, pull.request.prompt);
+  EXPECT_EQ(d->request.sampling.temperature, 0.7f);
+  EXPECT_EQ(d->request.sampling.seed, 9u);
+  EXPECT_EQ(d->request.stop.max_tokens, 17);
+  EXPECT_EQ(d->request.stop.stop, pull.request.stop.stop);
+  EXPECT_TRUE(d->request.logprobs);
+  EXPECT_TRUE(d->request.handoff);
+  EXPECT_EQ(encode(*d), b);
+  // The id outside and the request's inside must agree; trailing bytes and
+  // truncations are refused.
+  auto other = b;
+  other[kWireHeaderBytes] = 43;
+  other = reframe(other);
+  auto oh = decode_header(other);
+  EXPECT_FALSE(decode_pull(*oh, std::span<const uint8_t>(other).subspan(kWireHeaderBytes)).ok());
+  for (size_t n = kWireHeaderBytes; n < b.size(); ++n) {
+    auto cut = reframe(std::vector<uint8_t>(b.begin(), b.begin() + ptrdiff_t(n)));
+    auto ch = decode_header(cut);
+    ASSERT_TRUE(ch.ok());
+    EXPECT_FALSE(decode_pull(*ch, std::span<const uint8_t>(cut).subspan(kWireHeaderBytes)).ok()) << n;
+  }
+}
+
 TEST(KvWire, HeaderChecks) {
   auto b = encode(WireAck{1, 0, ""});
   auto bad = b;

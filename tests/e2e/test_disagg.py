@@ -1,0 +1,228 @@
+"""Disaggregated prefill and decode end to end on the default model: a
+prefill server (BF16 weights), a decode server (INT4 weights) and
+`kvant router` in front, on loopback.
+
+- Greedy and seeded output through the router equals the colocated server's
+  with `--prefill-weights bf16 --decode-weights int4`, for BF16 and FP8 KV,
+  through the official client (chat, completions, streaming).
+- Faults: a byte flipped in transit (a debug flag on the prefill server)
+  fails that request alone with the integrity error, and the counters rise;
+  a prefill server killed mid-transfer gives the client an error, not a
+  hang, and leaves no decode page held; a client that gives up mid-transfer
+  leaves nothing held and later answers are still exact; a decode server
+  too small for all requests at once makes them wait, and all finish; a
+  prefill and a decode server with different KV layouts refuse each other
+  at start.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+
+from kvant_server import MODEL_ID, Server, kvant_bin, model_path
+
+PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
+           "List three prime numbers:", "def fibonacci(n):"]
+
+
+class Proc(Server):
+    """A kvant process given its whole argument list (serve or router)."""
+
+    def __init__(self, *args):
+        super().__init__()
+        self.args = [kvant_bin(), *args]
+
+
+def serve(*extra, kv_memory="64MiB"):
+    return Proc("serve", "-m", model_path(), "--port", "0", "-t", "1", "--kv-memory", kv_memory,
+                "--model-name", MODEL_ID, *extra)
+
+
+def health(srv):
+    status, _, body = srv.request("GET", "/health")
+    return status, json.loads(body)
+
+
+class Stack:
+    """Prefill server, decode server and router, started in that order."""
+
+    def __init__(self, kv=(), prefill=(), decode=(), decode_kv_memory="64MiB"):
+        self.p = serve("--role", "prefill", "--kv-port", "0", "--prefill-weights", "bf16",
+                       "--decode-weights", "bf16", *kv, *prefill)
+        self.kv, self.decode, self.decode_kv_memory = kv, decode, decode_kv_memory
+
+    def __enter__(self):
+        self.p.__enter__()
+        self.kv_port = health(self.p)[1]["kv_port"]
+        self.d = serve("--role", "decode", "--prefill-peer", f"127.0.0.1:{self.kv_port}",
+                       "--prefill-weights", "int4", "--decode-weights", "int4", "--int4-group", "32",
+                       *self.kv, *self.decode, kv_memory=self.decode_kv_memory).__enter__()
+        self.r = Proc("router", "--port", "0", "--prefill", f"http://127.0.0.1:{self.p.port}",
+                      "--decode", f"http://127.0.0.1:{self.d.port}").__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for s in (self.r, self.d, self.p):
+            try:
+                s.__exit__(*exc)
+            except Exception:
+                pass
+
+
+def client(srv, timeout=120):
+    return openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=timeout)
+
+
+def answers(srv):
+    """Greedy and seeded answers to the same requests, as comparable values."""
+    c = client(srv)
+    out = []
+    for p in PROMPTS:
+        r = c.completions.create(model=MODEL_ID, prompt=p, max_tokens=20, temperature=0)
+        out.append(("greedy", p, r.choices[0].text, r.usage.completion_tokens))
+        r = c.completions.create(model=MODEL_ID, prompt=p, max_tokens=12, temperature=0.9, seed=7,
+                                 logprobs=2)
+        lp = r.choices[0].logprobs
+        out.append(("seeded", p, r.choices[0].text, lp.tokens, [round(x, 3) for x in lp.token_logprobs]))
+    r = c.chat.completions.create(model=MODEL_ID, temperature=0, max_tokens=24,
+                                  messages=[{"role": "user", "content": "What is the capital of France?"}])
+    out.append(("chat", r.choices[0].message.content, r.choices[0].finish_reason))
+    text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL_ID, prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True)
+        if ch.choices)
+    out.append(("stream", text))
+    return out
+
+
+@pytest.mark.parametrize("kv", [[], ["--kv-dtype", "fp8_e4m3"]], ids=["bf16", "fp8"])
+def test_router_answers_equal_the_colocated_split(kv):
+    with serve("--prefill-weights", "bf16", "--decode-weights", "int4", "--int4-group", "32",
+               *kv) as colo:
+        want = answers(colo)
+    with Stack(kv=kv) as st:
+        got = answers(st.r)
+        m = st.d.metrics()
+        # Every request went through a pull (the first token's logprobs travel too).
+        assert m["kvant_kv_pulls_total"] >= 2 * len(PROMPTS) + 2, m
+        assert m["kvant_kv_transfer_refused_total"] == 0
+        pm = st.p.metrics()
+        assert pm["kvant_kv_handoffs_acked_total"] == m["kvant_kv_pulls_total"], pm
+        assert pm["kvant_kv_handoffs_held"] == 0
+        status, h = health(st.r)
+        assert status == 200 and h["status"] == "ok" and len(h["servers"]) == 2, h
+    assert got == want
+
+
+def completion(srv, prompt, max_tokens=16, timeout=60):
+    return srv.request("POST", "/v1/completions", {"model": MODEL_ID, "prompt": prompt,
+                                                   "max_tokens": max_tokens, "temperature": 0},
+                       timeout=timeout)
+
+
+def test_flipped_byte_fails_that_request_alone():
+    with Stack(prefill=["--debug-kv-flip-handoff", "2"]) as st:
+        first = completion(st.r, PROMPTS[0])
+        bad = completion(st.r, PROMPTS[1])
+        third = completion(st.r, PROMPTS[0])
+        assert first[0] == 200 and third[0] == 200
+        assert json.loads(first[2]) ["choices"][0]["text"] == json.loads(third[2])["choices"][0]["text"]
+        assert bad[0] == 502, bad
+        err = json.loads(bad[2])["error"]
+        assert err["code"] == "kv_integrity_error" and "checksum" in err["message"], err
+        m = st.d.wait_pages_free()
+        assert m["kvant_kv_transfer_refused_total"] == 1, m
+        assert m["kvant_kv_pages_active"] == 0
+        pm = st.p.metrics()
+        assert pm["kvant_kv_handoffs_rejected_total"] == 1 and pm["kvant_kv_handoffs_acked_total"] == 2, pm
+
+
+def test_prefill_killed_mid_transfer_fails_the_client_and_frees_the_decode_side():
+    with Stack(prefill=["--debug-kv-send-pause", "30"]) as st:
+        result = {}
+
+        def ask():
+            t0 = time.time()
+            result["r"] = completion(st.r, PROMPTS[0], timeout=60)
+            result["s"] = time.time() - t0
+
+        th = threading.Thread(target=ask)
+        th.start()
+        deadline = time.time() + 20
+        while time.time() < deadline and st.p.metrics().get("kvant_kv_handoffs_held", 0) < 1:
+            time.sleep(0.05)
+        assert st.p.metrics()["kvant_kv_handoffs_held"] == 1  # paused halfway through its bytes
+        st.p.proc.send_signal(signal.SIGKILL)
+        th.join(30)
+        assert not th.is_alive(), "the client hangs"
+        status, _, body = result["r"]
+        assert status == 502, (status, body)
+        assert json.loads(body)["error"]["code"] == "kv_transfer_failed", body
+        m = st.d.wait_pages_free()
+        assert m["kvant_kv_pages_active"] == 0 and m["kvant_kv_pages_reserved"] == 0, m
+        assert m["kvant_kv_pulls_failed_total"] == 1, m
+
+
+def test_client_gone_mid_transfer_holds_nothing_and_later_answers_are_exact():
+    with Stack(prefill=["--debug-kv-send-pause", "1.5"]) as st:
+        want = completion(st.r, PROMPTS[2], timeout=60)
+        assert want[0] == 200
+        with pytest.raises(Exception):
+            completion(st.r, PROMPTS[0], timeout=0.5)  # gives up during the pause
+        time.sleep(2.5)
+        m = st.d.wait_pages_free()
+        assert m["kvant_kv_pages_active"] == 0 and m["kvant_kv_pages_reserved"] == 0, m
+        again = completion(st.r, PROMPTS[2], timeout=60)
+        assert again[0] == 200 and json.loads(again[2])["choices"] == json.loads(want[2])["choices"]
+        pm = st.p.metrics()
+        assert pm["kvant_kv_handoffs_held"] == 0, pm
+
+
+def test_full_decode_server_pushes_back_and_every_request_finishes():
+    # 24 pages of 16 tokens on the decode side; each request needs about 8
+    # (a 90-token prompt and 32 generated): at most 3 fit at once.
+    prompt = " ".join(["one two three four five six seven eight nine ten"] * 9)
+    with Stack(decode_kv_memory=f"{24 * 368640}") as st:
+        out = [None] * 8
+        peak = [0]
+
+        def ask(i):
+            out[i] = st.r.request("POST", "/v1/completions",
+                                  {"model": MODEL_ID, "prompt": prompt, "max_tokens": 32,
+                                   "temperature": 0, "ignore_eos": True}, timeout=120)
+
+        ths = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in ths:
+            t.start()
+        while any(t.is_alive() for t in ths):
+            peak[0] = max(peak[0], st.d.metrics().get("kvant_kv_pulls_waiting", 0))
+            time.sleep(0.05)
+        texts = set()
+        for s, _, body in out:
+            assert s == 200, body
+            texts.add(json.loads(body)["choices"][0]["text"])
+        assert len(texts) == 1  # the same greedy answer for the same prompt
+        assert peak[0] >= 1, "no pull ever waited for pages"
+        m = st.d.wait_pages_free()
+        assert m["kvant_kv_pulls_total"] == 8 and m["kvant_kv_pages_active"] == 0, m
+
+
+def test_different_layouts_refuse_each_other_at_start():
+    with serve("--role", "prefill", "--kv-port", "0", "--page-tokens", "32") as p:
+        port = health(p)[1]["kv_port"]
+        r = subprocess.run([kvant_bin(), "serve", "-m", model_path(), "--port", "0", "-t", "1",
+                            "--kv-memory", "64MiB", "--role", "decode",
+                            "--prefill-peer", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0
+        assert "layout differs" in r.stderr and "32-token pages" in r.stderr and \
+            "16-token pages" in r.stderr, r.stderr
+        time.sleep(0.5)
+        assert any("refused a decode server" in line and "layout differs" in line
+                   for line in p.log), p.log
+        assert p.metrics()["kvant_kv_peers_refused_total"] == 1
