@@ -2,8 +2,13 @@
 #include "disagg/kv_wire.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 with the widest vectors the CPU has, chosen at run time
+#endif
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "engine/request_codec.h"
 
@@ -12,6 +17,7 @@ namespace {
 
 class Writer {
  public:
+  Writer() { out_.resize(kWireHeaderBytes); }  // the header's room (frame())
   void u8(uint8_t v) { out_.push_back(v); }
   void u16(uint16_t v) { raw(&v, 2); }
   void u32(uint32_t v) { raw(&v, 4); }
@@ -46,6 +52,12 @@ class Reader {
     if (err_.empty())
       err_ = std::string("KV transfer: ") + what_ + " message: " + why + " (at byte " +
              std::to_string(pos_) + " of " + std::to_string(b_.size()) + ")";
+  }
+  // The next n bytes in place (the caller checked they are there).
+  std::span<const uint8_t> take(size_t n) {
+    auto out = b_.subspan(pos_, n);
+    pos_ += n;
+    return out;
   }
   bool raw(void* p, size_t n, const char* field) {
     if (!ok()) return false;
@@ -99,16 +111,19 @@ class Reader {
   std::string err_;
 };
 
-std::vector<uint8_t> frame(WireType type, std::vector<uint8_t> payload) {
-  Writer w;
-  w.raw(kWireMagic, 4);
-  w.u16(kWireVersion);
-  w.u16(uint16_t(type));
-  w.u64(payload.size());
-  w.u64(XXH3_64bits(payload.data(), payload.size()));
-  std::vector<uint8_t> out = std::move(w.out());
-  out.insert(out.end(), payload.begin(), payload.end());
-  return out;
+// A message's bytes: every encoder's Writer starts with kWireHeaderBytes
+// of room, which this fills in once the payload behind it is written (the
+// payload is never copied again).
+std::vector<uint8_t> frame(WireType type, std::vector<uint8_t> msg) {
+  const uint64_t n = msg.size() - kWireHeaderBytes;
+  const uint16_t version = kWireVersion, t = uint16_t(type);
+  const uint64_t h = XXH3_64bits(msg.data() + kWireHeaderBytes, n);
+  std::memcpy(msg.data(), kWireMagic, 4);
+  std::memcpy(msg.data() + 4, &version, 2);
+  std::memcpy(msg.data() + 6, &t, 2);
+  std::memcpy(msg.data() + 8, &n, 8);
+  std::memcpy(msg.data() + 16, &h, 8);
+  return msg;
 }
 
 Result<void> check_payload(const WireHeader& h, WireType want, std::span<const uint8_t> payload,
@@ -128,6 +143,18 @@ Result<void> check_payload(const WireHeader& h, WireType want, std::span<const u
 
 }  // namespace
 
+WireHasher::WireHasher() : state_(XXH3_createState()) {
+  if (!state_) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+WireHasher::~WireHasher() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void WireHasher::update(std::span<const uint8_t> bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), bytes.data(), bytes.size());
+}
+uint64_t WireHasher::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
 std::vector<uint8_t> encode(const WireHello& m) {
   Writer w;
   w.u16(uint16_t(m.role));
@@ -137,11 +164,11 @@ std::vector<uint8_t> encode(const WireHello& m) {
   return frame(WireType::kHello, std::move(w.out()));
 }
 
-std::vector<uint8_t> encode(const WireHandoff& m) {
-  const KvHandoff& k = m.kv;
+std::vector<uint8_t> encode_handoff_head(uint64_t request_id, const KvHandoff& k) {
   Writer w;
-  w.out().reserve(128 + k.prompt.size() * 4 + k.pages.size() * 16 + k.data.size());
-  w.u64(m.request_id);
+  w.out().reserve(160 + k.prompt.size() * 4 + k.pages.size() * 16);
+  w.u64(0);  // the metadata's length, filled in below
+  w.u64(request_id);
   w.u64(k.layout_hash);
   w.i64(k.page_bytes);
   w.i64(k.page_tokens);
@@ -165,9 +192,31 @@ std::vector<uint8_t> encode(const WireHandoff& m) {
     w.u32(p.src_generation);
     w.u64(p.checksum);
   }
-  w.raw(k.data.data(), k.data.size());
-  return frame(WireType::kHandoff, std::move(w.out()));
+  std::vector<uint8_t> out = std::move(w.out());
+  const uint64_t meta = out.size() - kWireHeaderBytes - 8;
+  std::memcpy(out.data() + kWireHeaderBytes, &meta, 8);
+  // The header: the payload is this metadata and then the page bytes.
+  const uint64_t n = out.size() - kWireHeaderBytes + k.data.size();
+  const uint16_t version = kWireVersion, t = uint16_t(WireType::kHandoff);
+  WireHasher hash;
+  hash.update(std::span<const uint8_t>(out).subspan(kWireHeaderBytes));
+  hash.update(k.data);
+  const uint64_t h = hash.digest();
+  std::memcpy(out.data(), kWireMagic, 4);
+  std::memcpy(out.data() + 4, &version, 2);
+  std::memcpy(out.data() + 6, &t, 2);
+  std::memcpy(out.data() + 8, &n, 8);
+  std::memcpy(out.data() + 16, &h, 8);
+  return out;
 }
+
+std::vector<uint8_t> encode_handoff(uint64_t request_id, const KvHandoff& k) {
+  std::vector<uint8_t> out = encode_handoff_head(request_id, k);
+  out.insert(out.end(), k.data.begin(), k.data.end());
+  return out;
+}
+
+std::vector<uint8_t> encode(const WireHandoff& m) { return encode_handoff(m.request_id, m.kv); }
 
 std::vector<uint8_t> encode(const WireAck& m) {
   Writer w;
@@ -230,9 +279,11 @@ Result<WireHello> decode_hello(const WireHeader& h, std::span<const uint8_t> pay
   return m;
 }
 
-Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t> payload) {
-  KV_TRY(check_payload(h, WireType::kHandoff, payload, "handoff"));
-  Reader r(payload, "handoff");
+Result<WireHandoff> decode_handoff_meta(const WireHeader& h, std::span<const uint8_t> meta) {
+  if (h.type != WireType::kHandoff)
+    return make_error("KV transfer: a message of type " + std::to_string(int(h.type)) +
+                      " read as handoff");
+  Reader r(meta, "handoff");
   WireHandoff m;
   KvHandoff& k = m.kv;
   m.request_id = r.get<uint64_t>("request id");
@@ -280,15 +331,27 @@ Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t>
     p.src_generation = r.get<uint32_t>("source generation");
     p.checksum = r.get<uint64_t>("page checksum");
   }
-  if (r.ok() && uint64_t(r.left()) != pages * uint64_t(k.page_bytes))
-    r.fail(std::to_string(r.left()) + " bytes of page data for " + std::to_string(pages) +
-           " pages of " + std::to_string(k.page_bytes));
-  if (r.ok()) {
-    k.data.resize(r.left());
-    r.raw(k.data.data(), k.data.size(), "page data");
-  }
   r.done();
+  // The page bytes follow the metadata and its length: exactly the pages'.
+  if (r.ok() && h.payload_bytes != 8 + meta.size() + pages * uint64_t(k.page_bytes))
+    r.fail(std::to_string(h.payload_bytes - std::min<uint64_t>(h.payload_bytes, 8 + meta.size())) +
+           " bytes of page data for " + std::to_string(pages) + " pages of " +
+           std::to_string(k.page_bytes));
   if (!r.ok()) return make_error(r.error());
+  return m;
+}
+
+Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t> payload) {
+  KV_TRY(check_payload(h, WireType::kHandoff, payload, "handoff"));
+  Reader r(payload, "handoff");
+  const uint64_t meta = r.get<uint64_t>("metadata length");
+  if (r.ok() && meta > r.left())
+    r.fail("metadata of " + std::to_string(meta) + " bytes, " + std::to_string(r.left()) + " left");
+  if (!r.ok()) return make_error(r.error());
+  auto m = decode_handoff_meta(h, payload.subspan(8, size_t(meta)));
+  if (!m) return m;
+  const auto data = payload.subspan(8 + size_t(meta));
+  m->kv.data.assign(data.begin(), data.end());
   return m;
 }
 

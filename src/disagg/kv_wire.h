@@ -20,7 +20,9 @@
 //            description of it (dtype, page size, geometry) for the message
 //            when they differ; both sides refuse a peer whose hash differs.
 //   Handoff  prefill -> decode: a request's K/V (engine/kv_handoff.h) and the
-//            request id it belongs to.
+//            request id it belongs to: u64 metadata length, the metadata
+//            (everything but the page bytes), then the page bytes, so that
+//            a receiver can put them straight where they go.
 //   Pull     decode -> prefill: run this request's prompt (the engine's
 //            Request, in the request codec's encoding, engine/
 //            request_codec.h) and send its handoff; the decode side sends it
@@ -44,7 +46,7 @@
 namespace kvant::disagg {
 
 inline constexpr char kWireMagic[4] = {'K', 'V', 'X', 'F'};
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;  // 2: a handoff's metadata length first
 inline constexpr size_t kWireHeaderBytes = 24;
 // Limits a parser enforces (a peer beyond them is refused, not trusted).
 inline constexpr uint64_t kWireMaxPayload = uint64_t(1) << 36;  // 64 GiB
@@ -87,6 +89,12 @@ struct WireAck {
 // A whole message (header and payload).
 std::vector<uint8_t> encode(const WireHello& m);
 std::vector<uint8_t> encode(const WireHandoff& m);
+// The same bytes as encode(WireHandoff{request_id, kv}), without a copy of kv.
+std::vector<uint8_t> encode_handoff(uint64_t request_id, const KvHandoff& kv);
+// All of a handoff message but its page bytes (kv.data), which follow it on
+// the wire: a sender writes this and then kv.data, never copying the pages.
+// The header's length and hash cover the page bytes too.
+std::vector<uint8_t> encode_handoff_head(uint64_t request_id, const KvHandoff& kv);
 std::vector<uint8_t> encode(const WireAck& m);
 std::vector<uint8_t> encode(const WirePull& m);
 
@@ -97,6 +105,26 @@ Result<WireHeader> decode_header(std::span<const uint8_t> bytes);
 // The payload of a message of the header's type; its hash is checked first.
 Result<WireHello> decode_hello(const WireHeader& h, std::span<const uint8_t> payload);
 Result<WireHandoff> decode_handoff(const WireHeader& h, std::span<const uint8_t> payload);
+// A handoff read in parts (a receiver that puts the page bytes straight
+// into kv.data): the metadata (the payload's bytes after its u64 length),
+// checked as decode_handoff checks it, kv.data left empty, and the header's
+// length checked to be the metadata's plus exactly the pages' bytes. The
+// payload hash is the caller's to check (WireHasher over the whole payload).
+Result<WireHandoff> decode_handoff_meta(const WireHeader& h, std::span<const uint8_t> meta);
+
+// XXH3-64 over bytes given in pieces: the header's payload hash.
+class WireHasher {
+ public:
+  WireHasher();
+  ~WireHasher();
+  WireHasher(const WireHasher&) = delete;
+  WireHasher& operator=(const WireHasher&) = delete;
+  void update(std::span<const uint8_t> bytes);
+  uint64_t digest() const;
+
+ private:
+  void* state_;
+};
 Result<WireAck> decode_ack(const WireHeader& h, std::span<const uint8_t> payload);
 Result<WirePull> decode_pull(const WireHeader& h, std::span<const uint8_t> payload);
 

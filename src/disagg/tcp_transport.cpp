@@ -61,9 +61,16 @@ class Deadline {
   bool expired_ = false;
 };
 
+// A message's payload lives in an uninitialised buffer: a vector would
+// zero every byte before the socket overwrites it.
 struct Message {
   WireHeader header;
-  std::vector<uint8_t> payload;
+  std::unique_ptr<uint8_t[]> bytes;
+  std::span<const uint8_t> payload;
+  void release() {
+    bytes.reset();
+    payload = {};
+  }
 };
 
 std::string io_error(const char* doing, const boost::system::error_code& ec, bool expired) {
@@ -89,16 +96,83 @@ awaitable<Result<Message>> read_message(tcp::socket& s, const Deadline& dl, cons
     co_return make_error("KV transfer: a message of type " + std::to_string(int(h->type)) +
                          " with " + std::to_string(h->payload_bytes) +
                          " payload bytes is over its limit");
-  Message m{*h, {}};
-  while (m.payload.size() < h->payload_bytes) {
-    const size_t at = m.payload.size();
-    const size_t n = size_t(std::min<uint64_t>(kReadStep, h->payload_bytes - at));
-    m.payload.resize(at + n);
-    co_await asio::async_read(s, asio::buffer(m.payload.data() + at, n),
+  Message m{*h, {}, {}};
+  const size_t n = size_t(h->payload_bytes);
+  // Allocated whole, but not touched: a peer that claims more than it sends
+  // holds address space, not memory, until the deadline ends it.
+  m.bytes.reset(new (std::nothrow) uint8_t[std::max<size_t>(n, 1)]);
+  if (!m.bytes)
+    co_return make_error("KV transfer: cannot hold a message of " + std::to_string(n) + " bytes");
+  for (size_t at = 0; at < n;) {
+    const size_t step = size_t(std::min<uint64_t>(kReadStep, n - at));
+    co_await asio::async_read(s, asio::buffer(m.bytes.get() + at, step),
                               asio::redirect_error(use_awaitable, ec));
     if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+    at += step;
   }
+  m.payload = std::span<const uint8_t>(m.bytes.get(), n);
   co_return m;
+}
+
+// The reply to a pull: a handoff, read in parts so that the page bytes go
+// straight into the KvHandoff (the metadata first, bounded, then the pages
+// the metadata says), hashed as they arrive; or a failure Ack.
+awaitable<Result<WireHandoff>> read_handoff(tcp::socket& s, const Deadline& dl) {
+  const char* doing = "waiting for the handoff";
+  std::array<uint8_t, kWireHeaderBytes> hb{};
+  boost::system::error_code ec;
+  co_await asio::async_read(s, asio::buffer(hb), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+  auto h = decode_header(hb);
+  if (!h) co_return make_error(h.error().message);
+  if (h->type == WireType::kAck) {
+    if (h->payload_bytes > kSmallPayload)
+      co_return make_error("KV transfer: an ack over its limit");
+    std::vector<uint8_t> p(size_t(h->payload_bytes));
+    co_await asio::async_read(s, asio::buffer(p), asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+    auto a = decode_ack(*h, p);
+    if (!a) co_return make_error(a.error().message);
+    co_return make_error("the prefill server could not run the prompt: " + a->message);
+  }
+  if (h->type != WireType::kHandoff)
+    co_return make_error("KV transfer: expected a handoff, got message type " +
+                         std::to_string(int(h->type)));
+  uint64_t meta_len = 0;
+  co_await asio::async_read(s, asio::buffer(&meta_len, 8), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+  if (h->payload_bytes < 8 || meta_len > h->payload_bytes - 8 || meta_len > kPullPayload)
+    co_return make_error("KV transfer: handoff message: metadata of " + std::to_string(meta_len) +
+                         " bytes in a payload of " + std::to_string(h->payload_bytes));
+  std::vector<uint8_t> meta(static_cast<size_t>(meta_len));
+  co_await asio::async_read(s, asio::buffer(meta), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+  auto m = decode_handoff_meta(*h, meta);
+  if (!m) co_return make_error(m.error().message);
+  WireHasher hash;
+  hash.update(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&meta_len), 8));
+  hash.update(meta);
+  std::vector<uint8_t>& data = m->kv.data;
+  try {
+    data.resize(m->kv.pages.size() * size_t(m->kv.page_bytes));
+  } catch (const std::bad_alloc&) {
+    co_return make_error("KV transfer: cannot hold a handoff of " + std::to_string(h->payload_bytes) +
+                         " bytes");
+  }
+  // In 1 MiB steps, each hashed while it is still in cache.
+  for (size_t at = 0; at < data.size();) {
+    const size_t step = std::min<size_t>(size_t(1) << 20, data.size() - at);
+    co_await asio::async_read(s, asio::buffer(data.data() + at, step),
+                              asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
+    hash.update(std::span<const uint8_t>(data.data() + at, step));
+    at += step;
+  }
+  if (hash.digest() != h->payload_hash)
+    co_return make_error(
+        "KV transfer: handoff message: the payload does not match its checksum (corrupted in "
+        "transit)");
+  co_return std::move(*m);
 }
 
 awaitable<Result<void>> write_bytes(tcp::socket& s, const Deadline& dl, const char* doing,
@@ -269,18 +343,7 @@ class TcpPuller : public KvPuller {
     op->dl.arm(o_.transfer_timeout_seconds);
     if (auto w = co_await write_bytes(op->sock, op->dl, "sending the pull", encode(msg)); !w)
       co_return fail(w.error().message);
-    auto m = co_await read_message(op->sock, op->dl, "waiting for the handoff", kWireMaxPayload);
-    if (!m) co_return fail(m.error().message);
-    if (m->header.type == WireType::kAck) {
-      auto a = decode_ack(m->header, m->payload);
-      if (!a) co_return fail(a.error().message);
-      co_return fail("the prefill server could not run the prompt: " + a->message);
-    }
-    if (m->header.type != WireType::kHandoff)
-      co_return fail("KV transfer: expected a handoff, got message type " +
-                     std::to_string(int(m->header.type)));
-    auto h = decode_handoff(m->header, m->payload);
-    std::vector<uint8_t>().swap(m->payload);
+    auto h = co_await read_handoff(op->sock, op->dl);
     if (!h) co_return fail(h.error().message);
     if (h->request_id != msg.request_id) co_return fail("KV transfer: a handoff for another request");
     op->dl.disarm();
@@ -433,23 +496,22 @@ class TcpPullServer : public KvPullServer {
         continue;
       }
       std::shared_ptr<const KvHandoff> kv = std::move(**pending->result);
-      std::vector<uint8_t> bytes;
       const int64_t nth = sent_total_.fetch_add(1) + 1;
       if (o_.debug_flip_handoff == nth && !kv->data.empty()) {
-        KvHandoff bad = *kv;
-        bad.data[bad.data.size() / 2] ^= 0x40;
-        bytes = encode(WireHandoff{id, std::move(bad)});
+        auto bad = std::make_shared<KvHandoff>(*kv);
+        bad->data[bad->data.size() / 2] ^= 0x40;
+        kv = std::move(bad);
         std::fprintf(stderr, "kvant serve: debug: flipped a byte of handoff %lld\n",
                      (long long)nth);
-      } else {
-        bytes = encode(WireHandoff{id, *kv});
       }
+      // The metadata, then the page bytes from the copy itself.
+      const std::vector<uint8_t> head = encode_handoff_head(id, *kv);
       count([&](auto& st) {
         ++st.held;
-        st.bytes_sent += int64_t(bytes.size());
+        st.bytes_sent += int64_t(head.size() + kv->data.size());
       });
-      auto w = co_await write_bytes(s, dl, "sending a handoff", bytes, o_.debug_send_pause_seconds);
-      std::vector<uint8_t>().swap(bytes);
+      auto w = co_await write_bytes(s, dl, "sending a handoff", head);
+      if (w) w = co_await write_bytes(s, dl, "sending a handoff", kv->data, o_.debug_send_pause_seconds);
       if (!w) {
         count([](auto& st) {
           --st.held;

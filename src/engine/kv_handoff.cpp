@@ -2,6 +2,9 @@
 #include "engine/kv_handoff.h"
 
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 with the widest vectors the CPU has, chosen at run time
+#endif
 
 #include <cstring>
 

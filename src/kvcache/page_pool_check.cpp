@@ -3,6 +3,9 @@
 // detected fault (see page_pool.h). The per-step generation check is
 // kv_verifier.cpp.
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // XXH3 with the widest vectors the CPU has, chosen at run time
+#endif
 
 #include <algorithm>
 #include <cstdio>
