@@ -9,6 +9,7 @@
 
 #include <xxhash.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -61,6 +62,30 @@ std::vector<uint8_t> reframe(std::vector<uint8_t> msg) {
 }
 
 }  // namespace
+
+// The fuzzer's seeds (fuzz/kv_wire_seeds): one message of each type, each
+// behind the fuzzer's flag byte (1: fix the payload hash). Written when
+// KVANT_WRITE_WIRE_SEEDS names a directory; a no-op otherwise.
+TEST(KvWire, WritesFuzzSeedsWhenAsked) {
+  const char* dir = std::getenv("KVANT_WRITE_WIRE_SEEDS");
+  if (!dir) GTEST_SKIP() << "set KVANT_WRITE_WIRE_SEEDS=DIR to write the fuzzer's seeds";
+  WirePull pull;
+  pull.request_id = 3;
+  pull.request.prompt = {1, 2, 3};
+  pull.request.handoff = true;
+  const std::pair<const char*, std::vector<uint8_t>> seeds[] = {
+      {"hello.bin", encode(WireHello{WireRole::kPrefill, "m", 5, "bf16"})},
+      {"handoff.bin", encode(sample_handoff(true))},
+      {"ack.bin", encode(WireAck{5, 0, ""})},
+      {"pull.bin", encode(pull)}};
+  for (const auto& [name, bytes] : seeds) {
+    std::FILE* f = std::fopen((std::string(dir) + "/" + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr) << name;
+    std::fputc(1, f);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+}
 
 TEST(KvWire, RoundTripsEveryMessage) {
   for (bool lp : {false, true}) {
@@ -176,17 +201,19 @@ TEST(KvWire, TruncationsTrailingBytesAndFlipsAreRefused) {
 
 TEST(KvWire, CorruptFieldsBehindAValidHashAreRefused) {
   const auto good = encode(sample_handoff(false));
-  // Payload offsets: request id 0, layout hash 8, page bytes 16, page tokens
-  // 24, prompt count 32.
+  // Payload offsets: metadata length 0, request id 8, layout hash 16, page
+  // bytes 24, page tokens 32, prompt count 40.
   struct Case {
     size_t at;
     uint64_t value;
     const char* want;
-  } cases[] = {{kWireHeaderBytes + 16, 0, "page bytes"},
-               {kWireHeaderBytes + 24, 100000, "page tokens"},
-               {kWireHeaderBytes + 32, uint64_t(1) << 40, "prompt tokens"},
-               {kWireHeaderBytes + 32, 0, "empty prompt"},
-               {kWireHeaderBytes + 32, 1000, "prompt tokens"}};
+  } cases[] = {{kWireHeaderBytes + 24, 0, "page bytes"},
+               {kWireHeaderBytes + 32, 100000, "page tokens"},
+               {kWireHeaderBytes + 40, uint64_t(1) << 40, "prompt tokens"},
+               {kWireHeaderBytes + 40, 0, "empty prompt"},
+               {kWireHeaderBytes + 40, 1000, "prompt tokens"},
+               {kWireHeaderBytes + 0, uint64_t(1) << 40, "metadata"},
+               {kWireHeaderBytes + 0, 9, "bytes"}};
   for (const Case& c : cases) {
     auto b = good;
     std::memcpy(b.data() + c.at, &c.value, 8);
