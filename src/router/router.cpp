@@ -360,13 +360,14 @@ class Router {
     std::string target(req.target());
     std::string path = target.substr(0, target.find('?'));
     const unsigned v = req.version();
+    const bool keep = req.keep_alive();  // the client's Connection header, honoured
     if (path == "/health") {
       bool ok = false;
       std::string body = health_body(ok);
-      co_return co_await reply(c, v, ok ? 200 : 503, std::move(body), "application/json", true);
+      co_return co_await reply(c, v, ok ? 200 : 503, std::move(body), "application/json", keep);
     }
     if (path == "/metrics")
-      co_return co_await reply(c, v, 200, metrics_body(), "text/plain; version=0.0.4", true);
+      co_return co_await reply(c, v, 200, metrics_body(), "text/plain; version=0.0.4", keep);
     const bool completion = path == "/v1/completions" || path == "/v1/chat/completions";
     Backend* d = pick(false);
     Backend* p = completion ? pick(true) : nullptr;

@@ -226,3 +226,51 @@ def test_different_layouts_refuse_each_other_at_start():
         assert any("refused a decode server" in line and "layout differs" in line
                    for line in p.log), p.log
         assert p.metrics()["kvant_kv_peers_refused_total"] == 1
+
+
+def test_router_refuses_wrong_roles_and_answers_its_own_health():
+    with Stack() as st:
+        # A decode server given as a prefill server: refused at start.
+        r = subprocess.run([kvant_bin(), "router", "--port", "0", "--startup-wait", "5",
+                            "--prefill", f"http://127.0.0.1:{st.d.port}",
+                            "--decode", f"http://127.0.0.1:{st.d.port}"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "is not a prefill server" in r.stderr, r.stderr
+        t0 = time.time()
+        status, h = health(st.r)  # Connection: close is honoured (no wait for a timeout)
+        assert status == 200 and time.time() - t0 < 5
+        assert [s["role"] for s in h["servers"]] == ["prefill", "decode"], h
+        assert completion(st.r, PROMPTS[0])[0] == 200
+        m = st.r.metrics()
+        assert m[f'kvant_router_requests_total{{server="http://127.0.0.1:{st.d.port}",role="decode"}}'] == 1, m
+        assert m['kvant_router_http_responses_total{code="200"}'] >= 1, m
+
+
+def test_decode_server_dying_mid_answer_ends_the_client_and_the_router_marks_it_down():
+    with Stack() as st:
+        body = {"model": MODEL_ID, "prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        import socket
+        s = socket.create_connection(("127.0.0.1", st.r.port), timeout=30)
+        data = json.dumps(body).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        got = s.recv(65536)
+        assert b"200 OK" in got, got
+        st.d.proc.send_signal(signal.SIGKILL)
+        t0 = time.time()
+        while True:  # the stream ends (the router closes), it does not hang
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        assert time.time() - t0 < 20
+        assert b"data: [DONE]" not in got
+        s.close()
+        deadline = time.time() + 10
+        while time.time() < deadline and health(st.r)[0] == 200:
+            time.sleep(0.2)
+        status, h = health(st.r)
+        assert status == 503 and not h["servers"][1]["up"], h
+        s2, _, b2 = completion(st.r, PROMPTS[0], timeout=30)
+        assert s2 == 503 and json.loads(b2)["error"]["code"] == "no_server", b2
