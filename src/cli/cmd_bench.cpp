@@ -47,6 +47,17 @@ struct BenchOpts {
   bool comm_split = false;
 };
 
+// [0.1234, 0.5678]: shares as a JSON list.
+std::string json_list(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.4f", i ? ", " : "", v[i]);
+    out += b;
+  }
+  return out + "]";
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -183,15 +194,6 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
       }
     }
     return v;
-  };
-  const auto json_list = [](const std::vector<double>& v) {
-    std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-      char b[32];
-      std::snprintf(b, sizeof b, "%s%.4f", i ? ", " : "", v[i]);
-      out += b;
-    }
-    return out + "]";
   };
   const std::vector<double> shares = every_rank(tg_sum > 0 ? tg_comm / tg_sum : 0.0);
   const std::vector<double> waits = every_rank(tg_sum > 0 ? tg_wait / tg_sum : 0.0);

@@ -356,19 +356,14 @@ awaitable<bool> Server::generate(ConnPtr conn, Request& req, Endpoint endpoint,
                                     std::move(peer));
 }
 
-// Submits a prepared request and answers it: streamed as SSE events or
-// whole. The request ends with this coroutine whatever happens (an
-// unfinished one is cancelled) and leaves the active table only after its
-// last byte is written, which is what the drain waits for.
-awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
-                                       Reservation held, std::string peer) {
-  const ParsedRequest& pr = p.pr;
-  const Tokenizer& tok = engine_.tokenizer();
-  auto gen = std::make_shared<Generation>(io_);
-  gen->arrival = Clock::now();
-  gen->queued_tokens = int64_t(p.ids.size());
-  kvant::Request er = engine_request(pr, std::move(p.ids));
-  er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
+// Queues a request, its K/V first pulled from the prefill server `peer`
+// when one is named (disagg_serving.cpp). The engine's id, or, when the
+// client was already answered (an error) or is gone, no id and what
+// run_generation returns.
+awaitable<Server::Submitted> Server::submit(ConnPtr conn, Request& req,
+                                                         std::shared_ptr<Generation> gen,
+                                                         kvant::Request er,
+                                                         const std::string& peer) {
   // Disaggregated: the prompt runs on the prefill server `peer`, and its
   // K/V arrives here before the request is queued.
   std::shared_ptr<disagg::KvPull> pull;
@@ -380,8 +375,8 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
     if (e || gen->disconnected) {
       release_reserved(*gen);
       co_await stop_watching(conn, gen);
-      if (gen->disconnected) co_return false;
-      co_return co_await send_error(conn, req, *e, false);
+      if (gen->disconnected) co_return Submitted{std::nullopt, false};
+      co_return Submitted{std::nullopt, co_await send_error(conn, req, *e, false)};
     }
   }
   queued_.fetch_add(1);
@@ -402,17 +397,37 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       std::fprintf(stderr, "kvant serve: refused a handoff from %s: %s\n", peer.c_str(),
                    id.error().message.c_str());
       co_await stop_watching(conn, gen);
-      co_return co_await send_error(
+      const bool keep = co_await send_error(
           conn, req,
           api_error(502, "the prompt's K/V from the prefill server was refused: " +
                              id.error().message,
                     "server_error", "kv_integrity_error"),
           false);
+      co_return Submitted{std::nullopt, keep};
     }
-    co_return co_await send_error(conn, req,
-                                  api_error(400, id.error().message, "invalid_request_error"));
+    const bool keep = co_await send_error(
+        conn, req, api_error(400, id.error().message, "invalid_request_error"));
+    co_return Submitted{std::nullopt, keep};
   }
-  gen->id = *id;
+  co_return Submitted{*id, false};
+}
+
+// Submits a prepared request and answers it: streamed as SSE events or
+// whole. The request ends with this coroutine whatever happens (an
+// unfinished one is cancelled) and leaves the active table only after its
+// last byte is written, which is what the drain waits for.
+awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
+                                       Reservation held, std::string peer) {
+  const ParsedRequest& pr = p.pr;
+  const Tokenizer& tok = engine_.tokenizer();
+  auto gen = std::make_shared<Generation>(io_);
+  gen->arrival = Clock::now();
+  gen->queued_tokens = int64_t(p.ids.size());
+  kvant::Request er = engine_request(pr, std::move(p.ids));
+  er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
+  const Submitted sub = co_await submit(conn, req, gen, std::move(er), peer);
+  if (!sub.id) co_return sub.keep;
+  gen->id = *sub.id;
   active_.insert(gen);
   loop_.wake();
   struct Release {

@@ -144,6 +144,12 @@ class Server {
   int64_t held_bytes(const Prepared& p) const;
   awaitable<bool> run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
                                  Reservation held, std::string peer = {});
+  struct Submitted {
+    std::optional<RequestId> id;
+    bool keep = false;  // with no id: keep the connection (run_generation's result)
+  };
+  awaitable<Submitted> submit(ConnPtr conn, Request& req, std::shared_ptr<Generation> gen,
+                              kvant::Request er, const std::string& peer);
   awaitable<bool> write_sse_head(ConnPtr conn, const Request& req);
   awaitable<bool> write_early_head(ConnPtr conn, const Request& req);
   awaitable<void> watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen);
