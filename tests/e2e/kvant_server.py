@@ -161,3 +161,57 @@ def sse_events(body):
             else:
                 events.append(json.loads(payload))
     return events, done
+
+
+# Disaggregated serving: a prefill server, a decode server and the router.
+class Proc(Server):
+    """A kvant process given its whole argument list (serve or router)."""
+
+    def __init__(self, *args):
+        super().__init__()
+        self.args = [kvant_bin(), *args]
+
+
+def serve(*extra, kv_memory="64MiB"):
+    return Proc("serve", "-m", model_path(), "--port", "0", "-t", "1", "--kv-memory", kv_memory,
+                "--model-name", MODEL_ID, *extra)
+
+
+def health(srv):
+    status, _, body = srv.request("GET", "/health")
+    return status, json.loads(body)
+
+
+class Stack:
+    """Prefill server, decode server and router, started in that order."""
+
+    def __init__(self, common=(), prefill=(), decode=(), decode_kv_memory="64MiB"):
+        """common: flags for both servers (the KV dtype, an API key)."""
+        self.p = serve("--role", "prefill", "--kv-port", "0", "--prefill-weights", "bf16",
+                       "--decode-weights", "bf16", *common, *prefill)
+        self.common, self.decode, self.decode_kv_memory = common, decode, decode_kv_memory
+
+    def __enter__(self):
+        self.p.__enter__()
+        self.kv_port = health(self.p)[1]["kv_port"]
+        self.d = serve("--role", "decode", "--prefill-peer", f"127.0.0.1:{self.kv_port}",
+                       "--prefill-weights", "int4", "--decode-weights", "int4", "--int4-group", "32",
+                       *self.common, *self.decode, kv_memory=self.decode_kv_memory).__enter__()
+        self.r = Proc("router", "--port", "0", "--prefill", f"http://127.0.0.1:{self.p.port}",
+                      "--decode", f"http://127.0.0.1:{self.d.port}").__enter__()
+        self.port = self.r.port  # clients talk to the router
+        return self
+
+    @property
+    def base_url(self):
+        return self.r.base_url
+
+    def request(self, *args, **kwargs):
+        return self.r.request(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        for s in (self.r, self.d, self.p):
+            try:
+                s.__exit__(*exc)
+            except Exception:
+                pass

@@ -25,54 +25,10 @@ import time
 import openai
 import pytest
 
-from kvant_server import MODEL_ID, Server, kvant_bin, model_path
+from kvant_server import MODEL_ID, Proc, Server, Stack, health, kvant_bin, model_path, serve
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
            "List three prime numbers:", "def fibonacci(n):"]
-
-
-class Proc(Server):
-    """A kvant process given its whole argument list (serve or router)."""
-
-    def __init__(self, *args):
-        super().__init__()
-        self.args = [kvant_bin(), *args]
-
-
-def serve(*extra, kv_memory="64MiB"):
-    return Proc("serve", "-m", model_path(), "--port", "0", "-t", "1", "--kv-memory", kv_memory,
-                "--model-name", MODEL_ID, *extra)
-
-
-def health(srv):
-    status, _, body = srv.request("GET", "/health")
-    return status, json.loads(body)
-
-
-class Stack:
-    """Prefill server, decode server and router, started in that order."""
-
-    def __init__(self, kv=(), prefill=(), decode=(), decode_kv_memory="64MiB"):
-        self.p = serve("--role", "prefill", "--kv-port", "0", "--prefill-weights", "bf16",
-                       "--decode-weights", "bf16", *kv, *prefill)
-        self.kv, self.decode, self.decode_kv_memory = kv, decode, decode_kv_memory
-
-    def __enter__(self):
-        self.p.__enter__()
-        self.kv_port = health(self.p)[1]["kv_port"]
-        self.d = serve("--role", "decode", "--prefill-peer", f"127.0.0.1:{self.kv_port}",
-                       "--prefill-weights", "int4", "--decode-weights", "int4", "--int4-group", "32",
-                       *self.kv, *self.decode, kv_memory=self.decode_kv_memory).__enter__()
-        self.r = Proc("router", "--port", "0", "--prefill", f"http://127.0.0.1:{self.p.port}",
-                      "--decode", f"http://127.0.0.1:{self.d.port}").__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for s in (self.r, self.d, self.p):
-            try:
-                s.__exit__(*exc)
-            except Exception:
-                pass
 
 
 def client(srv, timeout=120):
@@ -105,7 +61,7 @@ def test_router_answers_equal_the_colocated_split(kv):
     with serve("--prefill-weights", "bf16", "--decode-weights", "int4", "--int4-group", "32",
                *kv) as colo:
         want = answers(colo)
-    with Stack(kv=kv) as st:
+    with Stack(common=kv) as st:
         got = answers(st.r)
         m = st.d.metrics()
         # Every request went through a pull (the first token's logprobs travel too).
@@ -274,3 +230,40 @@ def test_decode_server_dying_mid_answer_ends_the_client_and_the_router_marks_it_
         assert status == 503 and not h["servers"][1]["up"], h
         s2, _, b2 = completion(st.r, PROMPTS[0], timeout=30)
         assert s2 == 503 and json.loads(b2)["error"]["code"] == "no_server", b2
+
+
+def test_prefill_side_prefix_cache_and_retry_on_another_prefill_server():
+    prompt = " ".join(["alpha beta gamma delta"] * 20)  # 80+ tokens: several full pages
+    with Stack(prefill=["--debug-kv-send-pause", "20"]) as st, \
+            serve("--role", "prefill", "--kv-port", "0", "--prefill-weights", "bf16",
+                  "--decode-weights", "bf16") as p2:
+        # A second decode server that may pull from both prefill servers, and
+        # a router over the two prefill servers and it.
+        kv2 = health(p2)[1]["kv_port"]
+        with serve("--role", "decode", "--prefill-peer", f"127.0.0.1:{st.kv_port},127.0.0.1:{kv2}",
+                   "--prefill-weights", "int4", "--decode-weights", "int4", "--int4-group", "32") as d, \
+                Proc("router", "--port", "0", "--prefill", f"http://127.0.0.1:{st.p.port}",
+                     "--prefill", f"http://127.0.0.1:{p2.port}",
+                     "--decode", f"http://127.0.0.1:{d.port}") as r:
+            result = {}
+            th = threading.Thread(target=lambda: result.update(r=completion(r, prompt, timeout=90)))
+            th.start()  # round-robin: the first request goes to the paused prefill server
+            deadline = time.time() + 20
+            while time.time() < deadline and st.p.metrics().get("kvant_kv_handoffs_held", 0) < 1:
+                time.sleep(0.05)
+            st.p.proc.send_signal(signal.SIGKILL)
+            th.join(60)
+            status, _, body = result["r"]
+            assert status == 200, body  # retried on the other prefill server
+            rm = r.metrics()
+            assert rm["kvant_router_retries_total"] == 1, rm
+            # The prefill side's prefix cache: the same prompt again hits it.
+            for _ in range(2):
+                assert completion(r, prompt)[0] == 200
+            pm = p2.metrics()
+            assert pm["kvant_prefix_cache_hit_tokens_total"] >= 64, pm
+            # Until its next /health poll the router may pick the dead one
+            # again: each such pull fails and is retried, none reaches a client.
+            dm = d.wait_pages_free()
+            assert dm["kvant_kv_pages_active"] == 0, dm
+            assert dm["kvant_kv_pulls_failed_total"] == r.metrics()["kvant_router_retries_total"], dm

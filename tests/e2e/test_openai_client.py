@@ -1,20 +1,26 @@
 """The official `openai` Python client against a real `kvant serve`:
 chat and completions, streamed and not, usage, stop sequences, seeded
-determinism, logprobs, /v1/models, the API key."""
+determinism, logprobs, /v1/models, the API key. Every test runs twice: on
+one server, and through `kvant router` in front of a prefill and a decode
+server (a client cannot tell them apart)."""
 import math
 
 import openai
 import pytest
 
-from kvant_server import MODEL_ID, Server
+from kvant_server import MODEL_ID, Server, Stack
 
 API_KEY = "test-key-123"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with Server("--api-key", API_KEY) as s:
-        yield s
+@pytest.fixture(scope="module", params=["server", "router"])
+def server(request):
+    if request.param == "server":
+        with Server("--api-key", API_KEY) as s:
+            yield s
+    else:
+        with Stack(common=["--api-key", API_KEY]) as s:
+            yield s
 
 
 @pytest.fixture(scope="module")
