@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace kvant::server {
 namespace {
@@ -278,6 +279,54 @@ std::string error_body(const ApiError& e) {
 
 namespace {
 
+// Whether an unread field only asks for what happens anyway: no tools, no
+// bias, plain text, nothing stored. Such values are accepted; any other
+// value of a field this server does not read is refused.
+bool asks_for_nothing(const std::string& k, const json& v) {
+  if (k == "logit_bias") return v.is_object() && v.empty();
+  if (k == "tools" || k == "functions") return v.is_array() && v.empty();
+  if (k == "tool_choice" || k == "function_call")
+    return v.is_string() && (v == "none" || v == "auto");
+  if (k == "parallel_tool_calls") return v.is_boolean();
+  if (k == "response_format")
+    return v.is_object() && v.size() == 1 && v.value("type", json()) == "text";
+  if (k == "store") return v.is_boolean() && !v.get<bool>();
+  if (k == "service_tier") return v.is_string() && (v == "auto" || v == "default");
+  if (k == "modalities") return v == json::array({"text"});
+  return false;
+}
+
+// Every top-level field is one this server reads, null, or asks for
+// nothing (above): a field the API does not support is refused with its
+// name, never silently ignored.
+std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
+  static const std::set<std::string, std::less<>> common = {
+      "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k",
+      "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stream",
+      "stream_options", "stop", "user", "ignore_eos", "logprobs"};
+  static const std::set<std::string, std::less<>> chat_only = {"messages", "top_logprobs"};
+  static const std::set<std::string, std::less<>> completion_only = {
+      "prompt", "echo", "prompt_logprobs_from", "return_tokens_as_token_ids", "suffix", "best_of"};
+  const auto& own = endpoint == Endpoint::Chat ? chat_only : completion_only;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (common.count(k) || own.count(k) || it->is_null() || asks_for_nothing(k, *it)) continue;
+    std::string what = "'" + k + "' is not supported by this server";
+    if (k == "tools" || k == "tool_choice" || k == "functions" || k == "function_call" ||
+        k == "parallel_tool_calls")
+      what += " (tool calling is not available yet)";
+    else if (k == "response_format")
+      what += " (structured output is not available yet; only {\"type\": \"text\"})";
+    else if (k == "logit_bias")
+      what += " (only an empty object)";
+    else if ((endpoint == Endpoint::Chat ? completion_only : chat_only).count(k))
+      what += std::string(" on ") +
+              (endpoint == Endpoint::Chat ? "/v1/chat/completions" : "/v1/completions");
+    return bad(what, k, 400, "unsupported_parameter");
+  }
+  return std::nullopt;
+}
+
 ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
                                 const std::string& model_name, int32_t max_logprobs) {
   ParseOutcome out;
@@ -374,6 +423,7 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
   if (auto u = rd.string("user")) r.user = *u;
   // Not OpenAI's: keeps generating past end-of-generation tokens (benchmarks).
   if (auto ie = rd.boolean("ignore_eos")) r.stop.ignore_eos = *ie;
+  if (!rd.err) rd.err = refuse_unread(endpoint, j);
   if (rd.err) return {std::nullopt, *rd.err};
   r.stop.max_tokens = r.max_tokens;
   out.request = std::move(r);

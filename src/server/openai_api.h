@@ -59,7 +59,9 @@ struct ParsedRequest {
 };
 
 // Parses and checks a request body; `model_name` is the one model served.
-// Unknown fields are ignored, as most OpenAI-compatible servers do.
+// A field this server does not read is refused (400, naming it, code
+// unsupported_parameter) unless it is null or asks for nothing (no tools,
+// an empty logit_bias, response_format text, store false).
 struct ParseOutcome {
   std::optional<ParsedRequest> request;
   ApiError error;

@@ -111,6 +111,37 @@ TEST(OpenAiApi, ErrorsNameTheField) {
               j["error"].contains("param") && j["error"].contains("code"));
 }
 
+TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
+  const std::pair<json, const char*> refused[] = {
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}, "tools"},
+      {{{"tool_choice", "required"}}, "tool_choice"},
+      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"logit_bias", {{"50", 5}}}}, "logit_bias"},
+      {{{"reasoning_effort", "low"}}, "reasoning_effort"},
+      {{{"some_field", 1}}, "some_field"},
+      {{{"store", true}}, "store"},
+      {{{"echo", true}}, "echo"},  // a completions field on chat
+  };
+  for (const auto& [extra, name] : refused) {
+    auto r = chat(extra);
+    ASSERT_FALSE(r.request) << name;
+    EXPECT_EQ(r.error.status, 400) << name;
+    EXPECT_EQ(r.error.param, name);
+    EXPECT_EQ(r.error.code, "unsupported_parameter");
+    EXPECT_NE(r.error.message.find(name), std::string::npos) << r.error.message;
+  }
+  EXPECT_EQ(comp({{"top_logprobs", 2}}).error.param, "top_logprobs");  // a chat field
+  // Values that ask for nothing, and nulls, are accepted.
+  const json accepted[] = {{{"tools", json::array()}},
+                           {{"tool_choice", "none"}},
+                           {{"logit_bias", json::object()}},
+                           {{"response_format", {{"type", "text"}}}},
+                           {{"store", false}},
+                           {{"parallel_tool_calls", true}},
+                           {{"anything", nullptr}}};
+  for (const auto& extra : accepted) EXPECT_TRUE(chat(extra).request) << extra.dump();
+}
+
 TEST(OpenAiApi, EchoAndPromptLogprobs) {
   auto r = comp({{"echo", true},
                  {"max_tokens", 0},
