@@ -251,6 +251,10 @@ Result<void> Engine::check_request(Request& r) const {
     return make_error("prompt_logprobs_from must be in [1, " + std::to_string(n) +
                       "] (the prompt's length), got " + std::to_string(r.prompt_logprobs_from));
   KV_TRY(check_sampling_params(r.sampling));
+  for (const auto& [t, b] : r.sampling.logit_bias)
+    if (t >= c.vocab)
+      return make_error("logit_bias token id " + std::to_string(t) +
+                        " is outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
   KV_TRY(check_stop_params(r.stop));
   const int64_t room = capacity_.max_context - n;
   if (r.stop.max_tokens <= 0 || r.stop.max_tokens > room) r.stop.max_tokens = int32_t(room);

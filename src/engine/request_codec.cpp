@@ -129,7 +129,7 @@ class Reader {
 
 void put_sampling(Writer& w, const SamplingParams& p) {
   const auto& [temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-               frequency_penalty, seed, top_logprobs] = p;
+               frequency_penalty, seed, top_logprobs, logit_bias] = p;
   w.f32(temperature);
   w.i32(top_k);
   w.f32(top_p);
@@ -139,11 +139,16 @@ void put_sampling(Writer& w, const SamplingParams& p) {
   w.f32(frequency_penalty);
   w.u64(seed);
   w.i32(top_logprobs);
+  w.count(logit_bias.size());
+  for (const auto& [t, b] : logit_bias) {
+    w.uint(uint32_t(t), 4);
+    w.uint(std::bit_cast<uint32_t>(b), 4);
+  }
 }
 
 void get_sampling(Reader& r, SamplingParams& p) {
   auto& [temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-         frequency_penalty, seed, top_logprobs] = p;
+         frequency_penalty, seed, top_logprobs, logit_bias] = p;
   temperature = r.f32("sampling.temperature");
   top_k = r.i32("sampling.top_k");
   top_p = r.f32("sampling.top_p");
@@ -153,6 +158,11 @@ void get_sampling(Reader& r, SamplingParams& p) {
   frequency_penalty = r.f32("sampling.frequency_penalty");
   seed = r.u64("sampling.seed");
   top_logprobs = r.i32("sampling.top_logprobs");
+  logit_bias.resize(r.count("sampling.logit_bias", 8));
+  for (auto& [t, b] : logit_bias) {
+    t = r.i32("sampling.logit_bias token");
+    b = r.f32("sampling.logit_bias value");
+  }
 }
 
 void put_stop(Writer& w, const StopParams& p) {

@@ -4,7 +4,7 @@
 // makes the same decisions. A Request travels whole except its on_event
 // callback, which stays on the rank that took the request from its client.
 //
-// Version 1, little-endian throughout:
+// Version 3, little-endian throughout:
 //   message: "KVSI", u8 version, u64 seq,
 //            u32 n, n x (u64 id, request), u32 n, n x u64 cancelled id,
 //            u8 shutdown
@@ -12,6 +12,7 @@
 //            sampling: f32 temperature, i32 top_k, f32 top_p, f32 min_p,
 //              f32 repetition_penalty, f32 presence_penalty,
 //              f32 frequency_penalty, u64 seed, i32 top_logprobs,
+//              u32 n, n x (i32 token, f32 bias) logit_bias,
 //            stop: u32 n, n x (u32 len, len bytes) stop strings,
 //              u32 n, n x i32 stop_token_ids, u8 ignore_eos, i32 max_tokens,
 //              u8 skip_special_tokens,
@@ -44,7 +45,7 @@ struct StepInputs {
 };
 
 inline constexpr char kStepInputsMagic[4] = {'K', 'V', 'S', 'I'};
-inline constexpr uint8_t kStepInputsVersion = 2;  // 2: Request::handoff
+inline constexpr uint8_t kStepInputsVersion = 3;  // 2: Request::handoff; 3: logit_bias
 
 std::vector<std::byte> encode_step_inputs(const StepInputs& inputs);
 // Errors name what was wrong and the byte offset where it was found: a

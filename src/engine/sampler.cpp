@@ -59,6 +59,17 @@ Result<void> check_sampling_params(const SamplingParams& p) {
     return bad("frequency_penalty", "in [-2, 2]", p.frequency_penalty);
   if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs)
     return bad("top_logprobs", "in [0, 20]", p.top_logprobs);
+  if (p.logit_bias.size() > kMaxLogitBias)
+    return make_error("logit_bias has " + std::to_string(p.logit_bias.size()) +
+                      " entries; at most " + std::to_string(kMaxLogitBias));
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto [t, b] = p.logit_bias[i];
+    if (t < 0) return bad("a logit_bias token id", ">= 0", t);
+    if (!(b >= -100.f && b <= 100.f)) return bad("a logit_bias value", "in [-100, 100]", b);
+    for (size_t j = 0; j < i; ++j)
+      if (p.logit_bias[j].first == t)
+        return make_error("logit_bias names token " + std::to_string(t) + " twice");
+  }
   return {};
 }
 
@@ -169,6 +180,8 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
 int32_t Sampler::sample(std::span<float> logits, StepLogprobs* logprobs) {
   KV_CHECK(!logits.empty());
   apply_penalties(logits);
+  for (const auto& [t, b] : p_.logit_bias)
+    if (size_t(t) < logits.size()) logits[size_t(t)] += b;
   const size_t vocab = logits.size();
   int32_t token;
   // Below kGreedyBelow, logits / temperature can overflow FP32; the

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
@@ -46,7 +47,12 @@ struct SamplingParams {
   // request's stream never depends on which other requests run beside it.
   uint64_t seed = 0;
   int32_t top_logprobs = 0;  // alternatives reported per step, [0, kMaxTopLogprobs]
+  // Added to a token's logit before anything else looks at it (greedy
+  // included), after the penalties: (token, bias in [-100, 100]), each token
+  // at most once, at most kMaxLogitBias entries.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+inline constexpr size_t kMaxLogitBias = 1024;
 
 // An error naming the first field out of range, for a client's bad request.
 Result<void> check_sampling_params(const SamplingParams& p);

@@ -264,6 +264,47 @@ void read_stop(Reader& rd, ParsedRequest& r) {
   }
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...}; the ids are checked
+// against the vocabulary when the request is submitted.
+void read_logit_bias(Reader& rd, ParsedRequest& r) {
+  const json* lb = rd.field("logit_bias");
+  if (!lb || rd.err) return;
+  if (!lb->is_object()) return rd.type_error("logit_bias", "an object of token id: bias", *lb);
+  if (lb->size() > kMaxLogitBias) {
+    rd.err = bad("'logit_bias' takes at most " + std::to_string(kMaxLogitBias) + " tokens, got " +
+                     std::to_string(lb->size()),
+                 "logit_bias");
+    return;
+  }
+  auto& out = r.sampling.logit_bias;
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 &&
+        key.find_first_not_of("0123456789") == std::string::npos)
+      id = std::stoll(key);
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      rd.err = bad("'logit_bias' keys must be token ids (decimal integers), got '" + key + "'",
+                   "logit_bias");
+      return;
+    }
+    const json& v = it.value();
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 ||
+        v.get<double>() > 100) {
+      rd.err = bad("'logit_bias' values must be numbers in [-100, 100], got " + v.dump() +
+                       " for token " + key,
+                   "logit_bias");
+      return;
+    }
+    for (const auto& [t, b] : out)
+      if (t == int32_t(id)) {
+        rd.err = bad("'logit_bias' names token " + key + " twice", "logit_bias");
+        return;
+      }
+    out.emplace_back(int32_t(id), float(v.get<double>()));
+  }
+}
+
 }  // namespace
 
 std::string dump_json(const json& j) {
@@ -283,7 +324,6 @@ namespace {
 // bias, plain text, nothing stored. Such values are accepted; any other
 // value of a field this server does not read is refused.
 bool asks_for_nothing(const std::string& k, const json& v) {
-  if (k == "logit_bias") return v.is_object() && v.empty();
   if (k == "tools" || k == "functions") return v.is_array() && v.empty();
   if (k == "tool_choice" || k == "function_call")
     return v.is_string() && (v == "none" || v == "auto");
@@ -303,7 +343,7 @@ std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
   static const std::set<std::string, std::less<>> common = {
       "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k",
       "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stream",
-      "stream_options", "stop", "user", "ignore_eos", "logprobs"};
+      "stream_options", "stop", "user", "ignore_eos", "logprobs", "logit_bias"};
   static const std::set<std::string, std::less<>> chat_only = {"messages", "top_logprobs"};
   static const std::set<std::string, std::less<>> completion_only = {
       "prompt", "echo", "prompt_logprobs_from", "return_tokens_as_token_ids", "suffix", "best_of"};
@@ -317,8 +357,6 @@ std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
       what += " (tool calling is not available yet)";
     else if (k == "response_format")
       what += " (structured output is not available yet; only {\"type\": \"text\"})";
-    else if (k == "logit_bias")
-      what += " (only an empty object)";
     else if ((endpoint == Endpoint::Chat ? completion_only : chat_only).count(k))
       what += std::string(" on ") +
               (endpoint == Endpoint::Chat ? "/v1/chat/completions" : "/v1/completions");
@@ -389,6 +427,7 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
     // The engine reads seed 0 as "pick one"; a client's 0 must stay fixed.
     r.sampling.seed = *s == 0 ? 0x9e3779b97f4a7c15ull : uint64_t(*s);
   }
+  read_logit_bias(rd, r);
   if (auto s = rd.boolean("stream")) r.stream = *s;
   if (const json* so = rd.field("stream_options"); so && !rd.err) {
     if (!so->is_object()) {

@@ -61,7 +61,7 @@ struct ParsedRequest {
 // Parses and checks a request body; `model_name` is the one model served.
 // A field this server does not read is refused (400, naming it, code
 // unsupported_parameter) unless it is null or asks for nothing (no tools,
-// an empty logit_bias, response_format text, store false).
+// response_format text, store false).
 struct ParseOutcome {
   std::optional<ParsedRequest> request;
   ApiError error;

@@ -189,3 +189,25 @@ def test_bad_request_is_reported(client):
     assert "temperature" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4", messages=MESSAGES)
+
+
+def test_logit_bias(client):
+    # +100 on one token: greedy decoding picks it at every step (the first
+    # token too, which through the router is the prefill server's).
+    r = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=4,
+                                  temperature=0, logit_bias={"1000": 100}, logprobs=0,
+                                  extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True})
+    assert r.choices[0].logprobs.tokens == ["token_id:1000"] * 4, r.choices[0].logprobs.tokens
+    # -100 on the greedy first token: another one comes first.
+    plain = client.completions.create(model=MODEL_ID, prompt="The capital of France is", max_tokens=1,
+                                      temperature=0, logprobs=0,
+                                      extra_body={"return_tokens_as_token_ids": True})
+    first = plain.choices[0].logprobs.tokens[0].split(":")[1]
+    banned = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                       max_tokens=1, temperature=0, logit_bias={first: -100},
+                                       logprobs=0, extra_body={"return_tokens_as_token_ids": True})
+    assert banned.choices[0].logprobs.tokens[0] != f"token_id:{first}"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=1,
+                                  logit_bias={"99999999": 1})
+    assert "vocabulary" in str(e.value)

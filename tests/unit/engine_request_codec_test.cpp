@@ -39,7 +39,7 @@ struct Diff {
 
 void compare(const SamplingParams& a, const SamplingParams& b, Diff& d) {
   const auto& [temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-               frequency_penalty, seed, top_logprobs] = a;
+               frequency_penalty, seed, top_logprobs, logit_bias] = a;
   d.field("sampling.temperature", same_bits(temperature, b.temperature));
   d.field("sampling.top_k", top_k == b.top_k);
   d.field("sampling.top_p", same_bits(top_p, b.top_p));
@@ -49,6 +49,11 @@ void compare(const SamplingParams& a, const SamplingParams& b, Diff& d) {
   d.field("sampling.frequency_penalty", same_bits(frequency_penalty, b.frequency_penalty));
   d.field("sampling.seed", seed == b.seed);
   d.field("sampling.top_logprobs", top_logprobs == b.top_logprobs);
+  bool same_bias = logit_bias.size() == b.logit_bias.size();
+  for (size_t i = 0; same_bias && i < logit_bias.size(); ++i)
+    same_bias = logit_bias[i].first == b.logit_bias[i].first &&
+                same_bits(logit_bias[i].second, b.logit_bias[i].second);
+  d.field("sampling.logit_bias", same_bias);
 }
 
 void compare(const StopParams& a, const StopParams& b, Diff& d) {
@@ -98,6 +103,7 @@ Request full_request() {
   q.sampling.frequency_penalty = std::numeric_limits<float>::denorm_min();
   q.sampling.seed = 0xFEDCBA9876543210ull;
   q.sampling.top_logprobs = 5;
+  q.sampling.logit_bias = {{70000, -0.0f}, {3, 100.f}};
   q.stop.stop = {"END", std::string("a\0b", 3), "\xE2\x9C\x93 \xF0\x9F\x98\x80 \xC3\xA9",
                  std::string(300, 'x'), "", std::string(1, '\0')};
   q.stop.stop_token_ids = {2, 128001, 0};
@@ -173,7 +179,7 @@ TEST(RequestCodec, FullRequestSetsEveryField) {
   // not show that the field is carried.
   EXPECT_EQ(d.differ.size(), d.fields) << "fields compared: " << d.fields
                                        << ", differing: " << joined(d.differ);
-  EXPECT_EQ(d.fields, 20u);
+  EXPECT_EQ(d.fields, 21u);
 }
 
 TEST(RequestCodec, RoundTripsEveryField) {
@@ -186,6 +192,8 @@ TEST(RequestCodec, RoundTripsEveryField) {
   const Request& q = out.submitted[0].second;
   EXPECT_TRUE(std::signbit(q.sampling.min_p));
   EXPECT_EQ(q.sampling.frequency_penalty, std::numeric_limits<float>::denorm_min());
+  ASSERT_EQ(q.sampling.logit_bias.size(), 2u);
+  EXPECT_TRUE(std::signbit(q.sampling.logit_bias[0].second));
   ASSERT_EQ(q.stop.stop.size(), 6u);
   EXPECT_EQ(q.stop.stop[1].size(), 3u);
   EXPECT_EQ(q.stop.stop[1][1], '\0');
@@ -259,7 +267,8 @@ TEST(RequestCodec, CorruptCountsAndBoolsAreErrors) {
   one.submitted.emplace_back(9, full_request());
   const Bytes good = encode_step_inputs(one);
   const size_t prompt_bytes = 4 * full_request().prompt.size();
-  const size_t stop_count = kFirstPromptCount + 4 + prompt_bytes + 40;  // after the sampling
+  // After the sampling: 40 bytes of scalars, then the bias count and 2 entries.
+  const size_t stop_count = kFirstPromptCount + 4 + prompt_bytes + 40 + 4 + 2 * 8;
 
   // Counts far beyond what the message holds: errors, sized from nothing.
   for (size_t at : {kSubmittedCount, kFirstPromptCount, stop_count}) {

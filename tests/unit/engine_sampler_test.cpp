@@ -184,6 +184,33 @@ TEST(SamplerGreedy, TiesGoToTheLowestId) {
   EXPECT_EQ(Sampler::argmax(std::vector<float>{-1.f, -1.f}), 0);
 }
 
+TEST(SamplerGreedy, LogitBiasMovesTheChoice) {
+  std::vector<float> l = {0.f, 2.f, 5.f, 1.f};
+  SamplingParams p = params(0.f, 0, 1.f, 0.f);
+  p.logit_bias = {{2, -100.f}, {3, 3.5f}};  // 5 - 100 and 1 + 3.5: token 3 wins at 4.5
+  Sampler g(p);
+  std::vector<float> row = l;
+  EXPECT_EQ(g.sample(row), 3);
+  EXPECT_EQ(row[2], -95.f);  // applied in place: what logprobs see
+  EXPECT_EQ(row[3], 4.5f);
+  // Sampling at a temperature: +100 on one token takes every draw.
+  SamplingParams q = params(1.f, 0, 1.f, 0.f);
+  q.seed = 11;
+  q.logit_bias = {{0, 100.f}};
+  Sampler t(q);
+  for (int i = 0; i < 200; ++i) {
+    row = l;
+    EXPECT_EQ(t.sample(row), 0);
+  }
+  EXPECT_TRUE(check_sampling_params(p).ok());
+  p.logit_bias = {{2, 101.f}};
+  EXPECT_FALSE(check_sampling_params(p).ok());
+  p.logit_bias = {{2, 1.f}, {2, 2.f}};
+  EXPECT_FALSE(check_sampling_params(p).ok());
+  p.logit_bias = {{-1, 1.f}};
+  EXPECT_FALSE(check_sampling_params(p).ok());
+}
+
 TEST(SamplerGreedy, AMaskedRowStillYieldsAToken) {
   std::vector<float> l(10, kNegInf);
   l[7] = 0.f;
