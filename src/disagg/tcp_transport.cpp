@@ -27,13 +27,11 @@ using asio::awaitable;
 using asio::use_awaitable;
 using Clock = std::chrono::steady_clock;
 
-// Message payload limits before a byte of it is read: Hello, Ack and Pull
-// are small (a pull's prompt is at most kWireMaxPrompt tokens); a handoff's
-// buffer grows as its bytes arrive, so a peer that claims a large one must
-// send it.
+// Message payload limits before a byte of it is read: Hello and Ack are
+// small, a pull's prompt is at most kWireMaxPrompt tokens; a handoff's page
+// bytes are sized from its checked metadata (read_handoff).
 constexpr uint64_t kSmallPayload = uint64_t(1) << 20;
 constexpr uint64_t kPullPayload = uint64_t(kWireMaxPrompt) * 4 + (uint64_t(1) << 20);
-constexpr uint64_t kReadStep = uint64_t(64) << 20;
 
 auto seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -81,21 +79,25 @@ std::string io_error(const char* doing, const boost::system::error_code& ec, boo
   return std::string("KV transfer: ") + doing + ": " + ec.message();
 }
 
-awaitable<Result<Message>> read_message(tcp::socket& s, const Deadline& dl, const char* doing,
-                                        uint64_t limit) {
+// A message's header, checked (magic, version, type, length limit).
+awaitable<Result<WireHeader>> read_header(tcp::socket& s, const Deadline& dl, const char* doing) {
   std::array<uint8_t, kWireHeaderBytes> hb{};
   boost::system::error_code ec;
   co_await asio::async_read(s, asio::buffer(hb), asio::redirect_error(use_awaitable, ec));
   if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
-  auto h = decode_header(hb);
+  co_return decode_header(hb);
+}
+
+// Hello, Pull or Ack, whole (a handoff is read by read_handoff).
+awaitable<Result<Message>> read_message(tcp::socket& s, const Deadline& dl, const char* doing,
+                                        uint64_t limit) {
+  auto h = co_await read_header(s, dl, doing);
   if (!h) co_return make_error(h.error().message);
-  const uint64_t lim = h->type == WireType::kHandoff ? kWireMaxPayload
-                       : h->type == WireType::kPull  ? kPullPayload
-                                                     : kSmallPayload;
-  if (h->payload_bytes > std::min(lim, limit))
+  const uint64_t lim = h->type == WireType::kPull ? kPullPayload : kSmallPayload;
+  if (h->type == WireType::kHandoff || h->payload_bytes > std::min(lim, limit))
     co_return make_error("KV transfer: a message of type " + std::to_string(int(h->type)) +
                          " with " + std::to_string(h->payload_bytes) +
-                         " payload bytes is over its limit");
+                         " payload bytes is not expected here or over its limit");
   Message m{*h, {}, {}};
   const size_t n = size_t(h->payload_bytes);
   // Allocated whole, but not touched: a peer that claims more than it sends
@@ -103,13 +105,9 @@ awaitable<Result<Message>> read_message(tcp::socket& s, const Deadline& dl, cons
   m.bytes.reset(new (std::nothrow) uint8_t[std::max<size_t>(n, 1)]);
   if (!m.bytes)
     co_return make_error("KV transfer: cannot hold a message of " + std::to_string(n) + " bytes");
-  for (size_t at = 0; at < n;) {
-    const size_t step = size_t(std::min<uint64_t>(kReadStep, n - at));
-    co_await asio::async_read(s, asio::buffer(m.bytes.get() + at, step),
-                              asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
-    at += step;
-  }
+  boost::system::error_code ec;
+  co_await asio::async_read(s, asio::buffer(m.bytes.get(), n), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
   m.payload = std::span<const uint8_t>(m.bytes.get(), n);
   co_return m;
 }
@@ -119,11 +117,8 @@ awaitable<Result<Message>> read_message(tcp::socket& s, const Deadline& dl, cons
 // the metadata says), hashed as they arrive; or a failure Ack.
 awaitable<Result<WireHandoff>> read_handoff(tcp::socket& s, const Deadline& dl) {
   const char* doing = "waiting for the handoff";
-  std::array<uint8_t, kWireHeaderBytes> hb{};
   boost::system::error_code ec;
-  co_await asio::async_read(s, asio::buffer(hb), asio::redirect_error(use_awaitable, ec));
-  if (ec) co_return make_error(io_error(doing, ec, dl.expired()));
-  auto h = decode_header(hb);
+  auto h = co_await read_header(s, dl, doing);
   if (!h) co_return make_error(h.error().message);
   if (h->type == WireType::kAck) {
     if (h->payload_bytes > kSmallPayload)
