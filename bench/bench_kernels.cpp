@@ -4,7 +4,8 @@
 // them; the FMA/VDPBF16PS peak each table can reach; STREAM-style memory
 // bandwidth; decode attention over a 4,096-token paged context (BF16 vs FP8
 // pages, GB/s of KV read); INT4 weight products (gemm_q4, every variant the
-// CPU runs) with the weight bytes they stream. Figures only, never pass/fail (see docs/BENCHMARKS.md).
+// CPU runs) and FP8 weight products (gemm_f8, 128x128 block scales) with the
+// weight bytes they stream. Figures only, never pass/fail (see docs/BENCHMARKS.md).
 //
 // Weights rotate through enough copies (>= 192 MB, 4x this machine's L3) that
 // every call reads them from DRAM, as a forward pass does.
@@ -178,6 +179,71 @@ void bm_gemm_q4(benchmark::State& state, const KernelTable* T,
       benchmark::Counter(2e-9 * double(m * n * k) * it, benchmark::Counter::kIsRate);
   state.counters["weight_GBps"] =
       benchmark::Counter(1e-9 * double(qs.bytes()) * it, benchmark::Counter::kIsRate);
+  state.counters["m"] = double(m), state.counters["n"] = double(n), state.counters["k"] = double(k);
+  state.counters["threads"] = threads;
+}
+
+// FP8 (F8 P16) copies of one shape's weights: random finite codes, one FP32
+// scale per 128x128 block (DeepSeek-V3 style), replicated per row.
+struct F8Set {
+  int64_t n = 0, k = 0;
+  std::vector<AlignedBuffer<uint8_t>> w;
+  std::vector<AlignedBuffer<float>> scales;
+  int64_t bytes() const { return int64_t(w[0].size() + scales[0].size() * 4); }
+};
+
+const F8Set& f8_weights(int64_t n, int64_t k) {
+  static F8Set fs;
+  if (fs.n == n && fs.k == k) return fs;
+  fs = F8Set{};
+  fs.n = n, fs.k = k;
+  const int64_t groups = kvant::kernels::f8_groups(k, 128);
+  std::vector<uint8_t> codes(size_t(n * k));
+  std::vector<float> sc(size_t(n * groups));
+  uint64_t st = 11;
+  for (auto& v : codes) {
+    v = uint8_t(next(st));
+    if ((v & 0x7f) == 0x7f) v ^= 1;
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < groups; ++g) sc[size_t(r * groups + g)] = float((r / 128 + g) % 7 + 1) * 1e-4f;
+  const int64_t panels = kvant::kernels::q4_panels(n);
+  const int64_t bytes = kvant::kernels::f8_packed_bytes(n, k) + panels * groups * 64;
+  const int64_t copies = std::max<int64_t>(1, (kColdBytes + bytes - 1) / bytes);
+  for (int64_t c = 0; c < copies; ++c) {
+    fs.w.emplace_back(size_t(kvant::kernels::f8_packed_bytes(n, k)));
+    fs.scales.emplace_back(size_t(panels * groups * 16));
+    kvant::kernels::pack_f8(codes.data(), sc.data(), n, k, 128, fs.w[c].data(), fs.scales[c].data());
+  }
+  return fs;
+}
+
+// gemm_f8 as the model calls it: BF16 activations, the product split over
+// output rows, tokens in tiles of 64.
+void bm_gemm_f8(benchmark::State& state, const KernelTable* T, Shape shape, int64_t m, int threads) {
+  const F8Set& fs = f8_weights(shape.n, shape.k);
+  const int64_t k = shape.k, n = shape.n;
+  AlignedBuffer<uint16_t> x(size_t(m * k));
+  fill_bf16(x.data(), m * k, 2);
+  AlignedBuffer<float> y(size_t(m * n));
+  kvant::set_num_threads(threads);
+  size_t copy = 0;
+  for (auto _ : state) {
+    const kvant::kernels::F8Weights w{fs.w[copy].data(), fs.scales[copy].data(), n, k, 128, false};
+    copy = (copy + 1) % fs.w.size();
+    kvant::parallel_for(n, 64, [&](int64_t n0, int64_t n1) {
+      for (int64_t i0 = 0; i0 < m; i0 += 64)
+        T->gemm_f8(x.data() + i0 * k, k, w, y.data() + i0 * n, n, std::min<int64_t>(64, m - i0),
+                   n0, n1);
+    });
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double it = double(state.iterations());
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2e-9 * double(m * n * k) * it, benchmark::Counter::kIsRate);
+  state.counters["weight_GBps"] =
+      benchmark::Counter(1e-9 * double(fs.bytes()) * it, benchmark::Counter::kIsRate);
   state.counters["m"] = double(m), state.counters["n"] = double(n), state.counters["k"] = double(k);
   state.counters["threads"] = threads;
 }
@@ -386,6 +452,18 @@ void register_all() {
                 ->Unit(benchmark::kMicrosecond);
           }
       }
+  // FP8 weights, 128x128 block scales, every SIMD table.
+  for (const Shape& s : kShapes)
+    for (int64_t m : {1, 32, 512})
+      for (const KernelTable* t : tables)
+        for (int th : {1, 2}) {
+          const std::string name = std::string("gemm_f8/") + kvant::kernels::isa_name(t->isa) +
+                                   "/" + s.name + "/m" + std::to_string(m) + "/t" +
+                                   std::to_string(th);
+          benchmark::RegisterBenchmark(name.c_str(), bm_gemm_f8, t, s, m, th)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
   // Shape outermost: the cold weight copies are built once per shape.
   for (const Shape& s : kShapes)
     for (int64_t m : {1, 32, 512})

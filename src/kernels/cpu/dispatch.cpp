@@ -33,6 +33,7 @@ void fill(KernelTable& t) {
   t.peak_probe = Ns::peak_probe;
   t.quantize_q8 = Ns::quantize_q8;
   t.gemm_q4 = Ns::gemm_q4;
+  t.gemm_f8 = Ns::gemm_f8;
   t.peak_flops_per_iter = Ns::kPeakFlopsPerIter;
 }
 
@@ -54,6 +55,7 @@ void fill(KernelTable& t) {
     static constexpr auto peak_probe = ns::peak_probe;                  \
     static constexpr auto quantize_q8 = ns::quantize_q8;                \
     static constexpr auto gemm_q4 = ns::gemm_q4;                        \
+    static constexpr auto gemm_f8 = ns::gemm_f8;                        \
     static constexpr int64_t kPeakFlopsPerIter = ns::kPeakFlopsPerIter; \
   };
 KVANT_ISA_FUNCS(ref)
@@ -85,6 +87,7 @@ KernelTable make(Isa isa) {
       t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
       t.gemm_bf16 = avx512bf16::gemm_bf16;
       t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
+      t.gemm_f8 = avx512bf16::gemm_f8;
       t.gemm_q4 = avx512vnni::gemm_q4;  // Avx512Bf16 implies VNNI
       t.peak_probe = avx512bf16::peak_probe;
       t.peak_flops_per_iter = avx512bf16::kPeakFlopsPerIter;

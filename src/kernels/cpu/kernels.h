@@ -83,6 +83,35 @@ void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n,
 float q4_weight(const Q4Weights& W, int64_t row, int64_t col);
 
 
+// FP8 e4m3 weights for gemm_f8 ("F8 P16", built at load by pack_f8 from the
+// checkpoint's codes and scales, or from codes quantized at load). W [n, k],
+// k even; logical weight w[j, c] = e4m3(code[j, c]) * s[j, c / group]: one
+// FP32 scale per row and per group of `group` columns (the last group may be
+// shorter). A 128x128 block-scaled checkpoint gives every row of a 128-row
+// block the block's scale; per-channel and per-tensor scales are one group
+// of k columns. group is even and either at most kF8MaxGroup or >= k (one
+// group). Codes go in panels of 16 rows laid out as the BF16 "P16 pairs"
+// with one byte per element:
+//   wp[((p * kp) + q) * 32 + 2 * r + e] = code[16p + r, 2q + e],  kp = k / 2
+// zero bytes for rows past n. Scales: FP32 [panel][group][16], 0 past n.
+inline constexpr int64_t kF8MaxGroup = 256;
+struct F8Weights {
+  const uint8_t* w = nullptr;     // q4_panels(n) * k * 16 bytes
+  const float* scales = nullptr;  // q4_panels(n) * f8_groups(k, group) * 16
+  int64_t n = 0, k = 0, group = 0;
+  bool nan_codes = false;  // some code is a NaN (0x7f / 0xff): kernels check for it
+};
+constexpr int64_t f8_groups(int64_t k, int64_t group) { return (k + group - 1) / group; }
+constexpr int64_t f8_packed_bytes(int64_t n, int64_t k) { return (n + 15) / 16 * 16 * k; }
+
+// Packs FP8 codes [n, k] (row-major) with scales [n, f8_groups(k, group)]
+// into F8 P16 (load time; any ISA). Returns whether a NaN code was seen.
+bool pack_f8(const uint8_t* codes, const float* scale, int64_t n, int64_t k, int64_t group,
+             uint8_t* w, float* scales);
+// Logical value of one weight of a packed matrix (tests, export).
+float f8_weight(const F8Weights& W, int64_t row, int64_t col);
+
+
 // One KV head's cached rows for one layer, spread over pages (plain pointers:
 // kernels know nothing of the page pool). Token t lives in page pg = t /
 // page_tokens at slot i = t % page_tokens; its K row (head_dim elements) starts
@@ -211,6 +240,22 @@ struct KernelTable {
   // Integer sums are exact, so every ISA gives the same bits.
   void (*gemm_q4)(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m,
                   int64_t n0, int64_t n1) = nullptr;
+
+  // FP8 weights x BF16 activations (x as gemm_bf16 reads it, k even), for
+  // i in [0, m), j in [n0, n1), n0 a multiple of 16:
+  //   y = 0; for each group g (in order): acc = 0;
+  //     for each column c of g (in order): acc += x[i, c] * e4m3(code[j, c])
+  //     y = fma(acc, s[j, g], y)
+  // Products are exact in FP32 (8-bit by 4-bit significands), so the
+  // scalar and FP32-FMA ISAs give the reference bits; Avx512Bf16 sums each
+  // column pair as VDPBF16PS does (its order, denormal flushing) within the
+  // same group structure. Batch invariant on every ISA. NaN codes decode to
+  // NaN (W.nan_codes must be set when any is present), subnormal codes exactly.
+  // SIMD ISAs decode a code c as the FP16 value with bits
+  // ((int8(c) << 7) & 0xbf80) = e4m3(c) * 2^-8 and fold 2^8 into the scale,
+  // which is exact unless an x * w product falls below 2^-126.
+  void (*gemm_f8)(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy,
+                  int64_t m, int64_t n0, int64_t n1) = nullptr;
 
   // Benchmark aid, not a model kernel: runs `iters` iterations of the GEMM's
   // inner FP32-FMA (or VDPBF16PS) instruction on independent accumulators,

@@ -30,5 +30,7 @@ float peak_probe(int64_t iters);
 void quantize_q8(const float* x, int64_t k, int8_t* q, float* s, int32_t* sum);
 void gemm_q4(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m, int64_t n0,
              int64_t n1);
+void gemm_f8(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy, int64_t m,
+             int64_t n0, int64_t n1);
 inline constexpr int64_t kPeakFlopsPerIter = 16;
 }  // namespace kvant::kernels::ref

@@ -1,0 +1,159 @@
+// FP8-weight GEMM (gemm_f8) of every ISA against the scalar reference:
+// random codes over the whole e4m3 range (subnormals and both zeros
+// included), 128-column block scales, smaller groups, one group per row
+// (per-channel), short last groups, unaligned column ranges. The scalar and
+// FP32-FMA tables must give the reference bits; avx512bf16 (and its
+// emulated build) sums each pair in VDPBF16PS's order, so it gets the bound
+// for two orders of the same terms. Batch invariance, "nothing outside
+// [n0, n1) is written", NaN codes and the packer's inverse are checked for
+// every ISA.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/avx512bf16/avx512bf16.h"
+#include "kernels/cpu/ref/ref.h"
+#include "kernels_test_util.h"
+#include "numerics/fp8.h"
+
+namespace kvant::kernels::test {
+namespace {
+
+class KernelF8Test : public KernelIsaTest {};
+
+struct F8Problem {
+  int64_t m, n, k, group, ldx;
+  std::vector<uint16_t> x;
+  std::vector<uint8_t> codes, wp;
+  std::vector<float> scale, sp;
+  F8Weights W;
+};
+
+F8Problem make_f8(int64_t m, int64_t n, int64_t k, int64_t group, uint32_t seed, bool nan) {
+  F8Problem p{m, n, k, group, k + (seed % 3) * 8, {}, {}, {}, {}, {}, {}};
+  p.x = random_bf16(size_t(m * p.ldx), -1.f, 1.f, seed);
+  std::mt19937 rng(seed + 7);
+  p.codes.resize(size_t(n * k));
+  for (auto& c : p.codes) {
+    c = uint8_t(rng());
+    if (!nan && (c & 0x7f) == 0x7f) c ^= 1;
+  }
+  const int64_t ng = f8_groups(k, group);
+  p.scale = random_f32(size_t(n * ng), 0.001f, 0.01f, seed + 3);
+  p.wp.assign(size_t(f8_packed_bytes(n, k)), 0xaa);
+  p.sp.assign(size_t(q4_panels(n) * ng * 16), -1.f);
+  const bool saw_nan = pack_f8(p.codes.data(), p.scale.data(), n, k, group, p.wp.data(), p.sp.data());
+  p.W = {p.wp.data(), p.sp.data(), n, k, group, saw_nan};
+  return p;
+}
+
+constexpr float kSentinel = -12345.f;
+
+std::vector<float> run(decltype(KernelTable::gemm_f8) f, const F8Problem& p, int64_t i0, int64_t m,
+                       int64_t n0, int64_t n1) {
+  const int64_t ldy = p.n + 3;
+  std::vector<float> y(size_t(m * ldy), kSentinel);
+  f(p.x.data() + i0 * p.ldx, p.ldx, p.W, y.data(), ldy, m, n0, n1);
+  return y;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+void check_matches_reference(decltype(KernelTable::gemm_f8) f, bool bitwise) {
+  const int64_t ks[] = {2, 16, 34, 128, 130, 256, 300, 512, 1030};
+  const int64_t ms[] = {1, 2, 3, 5, 8, 9, 12, 13, 31};
+  const int64_t ns[] = {1, 5, 16, 17, 33, 130, 300};
+  uint32_t seed = 1;
+  for (int64_t k : ks)
+    for (int64_t m : ms) {
+      const int64_t groups[] = {128, 64, 32, 256, k};
+      const int64_t group = groups[seed % 5], n = ns[seed % 7];
+      F8Problem p = make_f8(m, n, k, group, seed++, false);
+      const int64_t n0 = seed % 3 == 0 ? 0 : int64_t(seed % uint32_t(n)) / 16 * 16, n1 = n;
+      const int64_t ldy = n + 3;
+      auto ref = run(ref::gemm_f8, p, 0, m, n0, n1);
+      auto y = run(f, p, 0, m, n0, n1);
+      const float* dec = fp8_e4m3_table();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldy; ++j) {
+          const float got = y[size_t(i * ldy + j)], want = ref[size_t(i * ldy + j)];
+          if (j < n0 || j >= n1) {
+            ASSERT_EQ(got, kSentinel) << "wrote outside [n0, n1) at i=" << i << " j=" << j;
+            continue;
+          }
+          if (bitwise) {
+            ASSERT_TRUE(same_bits(got, want)) << "m=" << m << " n=" << n << " k=" << k
+                                              << " group=" << group << " i=" << i << " j=" << j
+                                              << " got " << got << " want " << want;
+            continue;
+          }
+          double abs_sum = 0;
+          for (int64_t c = 0; c < k; ++c)
+            abs_sum += std::fabs(double(bf16_to_f32(p.x[size_t(i * p.ldx + c)])) *
+                                 dec[p.codes[size_t(j * k + c)]] *
+                                 p.scale[size_t(j * f8_groups(k, group) + c / group)]);
+          ASSERT_LE(std::fabs(double(got) - want), 2.0 * double(k) * 0x1p-24 * abs_sum)
+              << "m=" << m << " n=" << n << " k=" << k << " i=" << i << " j=" << j;
+        }
+    }
+}
+
+void check_batch_invariance(decltype(KernelTable::gemm_f8) f) {
+  F8Problem p = make_f8(29, 70, 384, 128, 42, false);
+  const int64_t ldy = p.n + 3;
+  auto all = run(f, p, 0, p.m, 0, p.n);
+  for (int64_t i = 0; i < p.m; i += 5) {
+    auto one = run(f, p, i, 1, 0, p.n);
+    for (int64_t j = 0; j < p.n; ++j)
+      ASSERT_TRUE(same_bits(one[size_t(j)], all[size_t(i * ldy + j)])) << "row " << i << " col " << j;
+  }
+  // Columns split across two calls, as threads split them.
+  auto lo = run(f, p, 0, p.m, 0, 48), hi = run(f, p, 0, p.m, 48, p.n);
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j)
+      ASSERT_TRUE(same_bits((j < 48 ? lo : hi)[size_t(i * ldy + j)], all[size_t(i * ldy + j)]));
+}
+
+TEST_P(KernelF8Test, MatchesReference) {
+  check_matches_reference(T().gemm_f8, GetParam() != Isa::Avx512Bf16);
+}
+
+TEST_P(KernelF8Test, BatchInvariantAcrossRowsAndColumnSplits) { check_batch_invariance(T().gemm_f8); }
+
+TEST_P(KernelF8Test, NanCodesGiveNanRows) {
+  F8Problem p = make_f8(3, 40, 256, 128, 5, false);
+  // Row 7 gets a NaN code (0xff), row 20 the other one (0x7f).
+  auto set = [&](int64_t row, int64_t col, uint8_t code) {
+    p.codes[size_t(row * p.k + col)] = code;
+  };
+  set(7, 3, 0xff);
+  set(20, 200, 0x7f);
+  p.W.nan_codes = pack_f8(p.codes.data(), p.scale.data(), p.n, p.k, p.group, p.wp.data(), p.sp.data());
+  ASSERT_TRUE(p.W.nan_codes);
+  auto y = run(T().gemm_f8, p, 0, p.m, 0, p.n);
+  const int64_t ldy = p.n + 3;
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j)
+      EXPECT_EQ(std::isnan(y[size_t(i * ldy + j)]), j == 7 || j == 20) << "i=" << i << " j=" << j;
+}
+
+TEST(KernelF8Pack, WeightIsCodeTimesItsGroupScale) {
+  F8Problem p = make_f8(1, 37, 300, 128, 9, true);
+  for (int64_t j = 0; j < p.n; ++j)
+    for (int64_t c = 0; c < p.k; ++c) {
+      const float want = fp8_e4m3_to_f32(p.codes[size_t(j * p.k + c)]) *
+                         p.scale[size_t(j * f8_groups(p.k, p.group) + c / p.group)];
+      const float got = f8_weight(p.W, j, c);
+      ASSERT_TRUE(same_bits(got, want) || (std::isnan(got) && std::isnan(want))) << j << "," << c;
+    }
+}
+
+TEST(KernelF8EmulatedBf16, TilingMatchesReferenceAndIsBatchInvariant) {
+  if (!table_for(Isa::Avx512)) GTEST_SKIP() << "needs AVX-512 F/BW/VL/DQ";
+  check_matches_reference(avx512bf16_emulated::gemm_f8, false);
+  check_batch_invariance(avx512bf16_emulated::gemm_f8);
+}
+
+INSTANTIATE_TEST_SUITE_P(KernelIsa, KernelF8Test, ::testing::ValuesIn(kAllIsas), isa_param_name);
+
+}  // namespace
+}  // namespace kvant::kernels::test
