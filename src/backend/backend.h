@@ -140,6 +140,11 @@ class Backend {
   // likewise or nullptr (symmetric).
   virtual Q4Matrix prepare_int4(const int8_t* q, const float* scale, const int8_t* zero,
                                 int64_t rows, int64_t cols, int64_t group) const = 0;
+  // FP8 e4m3 codes [rows, cols] (cols even) with FP32 scales [rows,
+  // ceil(cols / group)]: w = e4m3(code) * scale of its row and column group.
+  // group even, and at most 256 or at least cols (kernels::kF8MaxGroup).
+  virtual F8Matrix prepare_fp8(const uint8_t* codes, const float* scale, int64_t rows,
+                               int64_t cols, int64_t group) const = 0;
 
   // --- Memory ---
   // Activation memory for the model's workspace (Model::reserve plans it).

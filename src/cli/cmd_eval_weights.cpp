@@ -1,7 +1,7 @@
 // `kvant eval-weights`: what quantized weights cost in accuracy. A text is cut
 // into chunks of --ctx tokens; each chunk runs as one prefill on the
 // reference (BF16 weights of -m) and on every candidate (an INT4 checkpoint,
-// or -m quantized at load: "int4:g128", "int4:g32:asym" is not offered since
+// or -m quantized at load: "int4:g128", "fp8"; "int4:g32:asym" is not offered since
 // load-time quantization is symmetric), and the second half of each chunk is
 // scored, as llama.cpp's llama-perplexity does, so figures compare with its
 // --kl-divergence output (a model that adds BOS gets it as each chunk's first
@@ -69,6 +69,8 @@ Result<std::unique_ptr<ModelRunner>> load_candidate(const std::string& base,
       return make_error("candidate '" + spec + "': group must be 32, 64 or 128");
     return ModelRunner::load(w);
   }
+  if (spec == "fp8")  // FP8 e4m3, 128x128 block amax scales, through the FP8 kernels
+    return ModelRunner::load(weights(base, "fp8"));
   if (spec.rfind("dequant:", 0) == 0)  // INT4 checkpoint run through the BF16 kernels
     return ModelRunner::load(weights(spec.substr(8), "bf16"));
   return ModelRunner::load(weights(spec, "native"));
@@ -199,8 +201,9 @@ void register_eval_weights(CLI::App& app) {
       "eval-weights", "Quantized vs BF16 weights: perplexity, KL divergence, top-1 agreement");
   cmd->add_option("-m,--model", o.model, "reference checkpoint (run with BF16 weights)")->required();
   cmd->add_option("--candidate", o.candidates,
-                  "an INT4 checkpoint directory, int4:g32|g64|g128 (the reference quantized at "
-                  "load with RTN), or dequant:DIR (an INT4 checkpoint's weights dequantized to "
+                  "an INT4 or FP8 checkpoint directory, int4:g32|g64|g128 (the reference "
+                  "quantized at load with RTN), fp8 (the reference quantized at load to FP8 "
+                  "e4m3 with 128x128 block scales), or dequant:DIR (an INT4 checkpoint's weights dequantized to "
                   "BF16: separates weight error from the int8 activations of the INT4 kernels); "
                   "repeatable")
       ->required();

@@ -14,12 +14,13 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
   cmd->add_option("-t,--threads", f.threads, "worker threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--prefill-weights", f.prefill_weights,
-                  "weights for prefill chunks: native (the checkpoint's), bf16 or int4")
-      ->check(CLI::IsMember({"native", "bf16", "int4"}));
+                  "weights for prefill chunks: native (the checkpoint's), bf16, fp8 (e4m3, "
+                  "128x128 block scales) or int4")
+      ->check(CLI::IsMember({"native", "bf16", "fp8", "int4"}));
   cmd->add_option("--decode-weights", f.decode_weights,
-                  "weights for decode steps: native, bf16 or int4 (both sets stay resident "
-                  "when they differ)")
-      ->check(CLI::IsMember({"native", "bf16", "int4"}));
+                  "weights for decode steps: native, bf16, fp8 or int4 (both sets stay "
+                  "resident when they differ)")
+      ->check(CLI::IsMember({"native", "bf16", "fp8", "int4"}));
   cmd->add_option("--int4-group", f.int4_group,
                   "group size when a BF16/GGUF checkpoint is quantized to INT4 at load")
       ->check(CLI::IsMember({32, 64, 128}));

@@ -24,7 +24,10 @@ Result<std::shared_ptr<const ModelFiles>> ModelFiles::open(const std::string& pa
     } catch (const std::exception& e) {
       return make_error(cfg + ": invalid JSON: " + e.what());
     }
-    auto s = parse_quantization_config(f->config_);
+    const auto* q = f->config_.contains("quantization_config") ? &f->config_["quantization_config"] : nullptr;
+    f->fp8_ = q && q->is_object() && q->value("quant_method", std::string()) == "fp8";
+    auto s = f->fp8_ ? Result<std::optional<Int4Scheme>>(std::optional<Int4Scheme>())
+                     : parse_quantization_config(f->config_);
     f->int4_ = s && s->has_value();
   }
   if (f->directory_) {

@@ -29,13 +29,16 @@ class ModelFiles {
   const nlohmann::json* hf_config() const { return directory_ ? &config_ : nullptr; }
   // The checkpoint holds compressed-tensors W4A16 linears (quantization_config).
   bool int4() const { return int4_; }
+  // The checkpoint holds block-scaled FP8 linears (quantization_config
+  // quant_method "fp8", as DeepSeek-V3, Kimi K2 and GLM 5 ship).
+  bool fp8() const { return fp8_; }
 
   // How many ModelFiles this process has opened (tests: one per load).
   static int64_t opened() { return opened_.load(); }
 
  private:
   std::string path_;
-  bool directory_ = false, int4_ = false;
+  bool directory_ = false, int4_ = false, fp8_ = false;
   nlohmann::json config_;
   std::unique_ptr<TensorSource> tensors_;
   static inline std::atomic<int64_t> opened_{0};

@@ -20,7 +20,7 @@
 namespace kvant {
 namespace {
 
-constexpr int64_t kScaleBlock = 128;
+constexpr int64_t kScaleBlock = TensorSource::kFp8ScaleBlock;
 constexpr const char* kScaleSuffix = "_scale_inv";
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -75,6 +75,13 @@ class SafetensorsSource final : public TensorSource {
       return dequantize_range(own->dtype, own->data, begin * len, end * len, out, what);
     read_block_scaled(*own, refs_[size_t(entries_[i].scale)], begin, end, out.data());
     return {};
+  }
+
+  const TensorRef* fp8_block_scales(const TensorRef& t) const override {
+    const TensorRef* own = find(t.name);
+    if (!own) return nullptr;
+    const int64_t s = entries_[size_t(own - refs_.data())].scale;
+    return s < 0 ? nullptr : &refs_[size_t(s)];
   }
 
  private:

@@ -50,6 +50,12 @@ class TensorSource {
   virtual Result<void> read_f32_rows(const TensorRef& t, int64_t begin, int64_t end,
                                      std::span<float> out) const = 0;
 
+  // An F8_E4M3 weight's block scales (its `<name>_scale_inv` sibling, one
+  // F32 or BF16 value per kFp8ScaleBlock x kFp8ScaleBlock tile, checked at
+  // open), for loaders that keep the codes; nullptr when it has none.
+  virtual const TensorRef* fp8_block_scales(const TensorRef& t) const { return nullptr; }
+  static constexpr int64_t kFp8ScaleBlock = 128;
+
   static int64_t row_length(const TensorRef& t) { return t.shape.empty() ? 1 : t.shape.back(); }
   static int64_t num_rows(const TensorRef& t) {
     const int64_t len = row_length(t);

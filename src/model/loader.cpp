@@ -11,6 +11,7 @@
 //    so the forward is x*w for all.
 #include "model/loader.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
 #include "numerics/bf16.h"
+#include "numerics/fp8_block.h"
 #include "numerics/int4_rtn.h"
 
 namespace kvant {
@@ -96,9 +98,11 @@ struct Names {
 
 class Loader {
  public:
-  Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming, bool int4,
+  // prec: the set's resolved precision (bf16, int4 or fp8; never native).
+  Loader(const TensorSource& src, const ModelConfig& cfg, Naming naming, WeightPrecision prec,
          const WeightSetOptions& opts, const backend::Backend& be, const dist::ShardPlan& plan)
-      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, int4_(int4), opts_(opts), be_(be) {
+      : src_(src), cfg_(cfg), names_{naming, cfg.arch}, quant_(prec != WeightPrecision::kBf16),
+        fp8_(prec == WeightPrecision::kFp8), opts_(opts), be_(be) {
     if (plan.tp > 1 || plan.ep > 1) sp_ = &plan;
   }
 
@@ -179,15 +183,16 @@ class Loader {
   }
 
   // Several [rows_i, cols] parts stacked into one product: fills m (BF16)
-  // or m4 (INT4) as the set asks. INT4 parts are taken as stored; FP32 ones
-  // are quantized with RTN (a short last group where the group size does
-  // not divide the input size). A product whose input size is not a
-  // multiple of 32 stays BF16.
+  // or mq (INT4 or FP8) as the set asks. INT4: INT4 parts are taken as
+  // stored; FP32 ones are quantized with RTN (a short last group where the
+  // group size does not divide the input size); a product whose input size
+  // is not a multiple of 32 stays BF16. FP8: see product_fp8; an odd input
+  // size stays BF16.
   //
   // Under tensor parallelism each part keeps its rows_kept and the product
   // the columns `cols_kept` (a stored INT4 tensor is sliced at its group
   // boundaries; an FP32 one is sliced, then quantized).
-  Result<void> product(const std::vector<Part>& parts, int64_t cols, Matrix& m, Q4Matrix& m4,
+  Result<void> product(const std::vector<Part>& parts, int64_t cols, Matrix& m, QMatrix& mq,
                        bool quantize,
                        const std::function<void(size_t, std::vector<float>&)>& transform = {},
                        Keep cols_kept = {}) {
@@ -196,12 +201,13 @@ class Loader {
     const int64_t kc = cols_kept.size(cols);
     // (A stored INT4 product whose input size the kernels cannot take is
     // dequantized to BF16.)
-    if (!quantize || kc % kInt4Block != 0) {
+    if (!quantize || kc % (fp8_ ? 2 : kInt4Block) != 0) {
       auto r = matrix(parts, cols, transform, cols_kept);
       if (!r) return r.error();
       m = std::move(*r);
       return {};
     }
+    if (fp8_) return product_fp8(parts, cols, mq, transform, cols_kept);
     Int4Weight all;
     all.cols = kc;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -241,9 +247,56 @@ class Loader {
       return make_error(src_.path() + ": " + base_of(parts[0].name) + ": INT4 group size " +
                         std::to_string(all.group) + " and input size " + std::to_string(all.cols) +
                         " must be multiples of 32 for the INT4 kernels");
-    m4 = be_.prepare_int4(all.q.data(), all.scale.data(),
+    mq.q4 = be_.prepare_int4(all.q.data(), all.scale.data(),
                           all.zero.empty() ? nullptr : all.zero.data(), all.rows, all.cols,
                           all.group);
+    return {};
+  }
+
+  // An FP8 product: a part stored as F8_E4M3 with block scales keeps its
+  // codes and scales as they are (under tensor parallelism its rows are
+  // sliced anywhere, its columns at whole scale blocks); any other part (or
+  // one whose rows are permuted, or sliced inside a block) is read as FP32
+  // and quantized with 128x128 block amax scales (numerics/fp8_block.h).
+  // Scales become per row and per 128 columns, as the kernels read them.
+  Result<void> product_fp8(const std::vector<Part>& parts, int64_t cols, QMatrix& mq,
+                           const std::function<void(size_t, std::vector<float>&)>& transform,
+                           Keep cols_kept) {
+    constexpr int64_t B = kFp8WeightBlock;
+    static_assert(B == TensorSource::kFp8ScaleBlock);
+    const int64_t kc = cols_kept.size(cols), ng = (kc + B - 1) / B;
+    int64_t rows = 0;
+    for (auto& p : parts) rows += p.rows_kept.size(p.rows);
+    std::vector<uint8_t> codes(size_t(rows * kc));
+    std::vector<float> scales(size_t(rows * ng));
+    int64_t row = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& part = parts[i];
+      const int64_t kr = part.rows_kept.size(part.rows);
+      const TensorRef* t = src_.find(part.name);
+      const TensorRef* st = t && !transform ? src_.fp8_block_scales(*t) : nullptr;
+      if (st && t->shape == std::vector<int64_t>{part.rows, cols} && cols_kept.begin % B == 0) {
+        std::vector<float> sv(size_t(st->numel()));
+        KV_TRY(src_.read_f32(*st, sv));
+        const int64_t sc = st->shape[1], g0 = cols_kept.begin / B;
+        for (int64_t r = 0; r < kr; ++r) {
+          const int64_t src_row = part.rows_kept.begin + r;
+          std::memcpy(codes.data() + (row + r) * kc, t->data.data() + src_row * cols + cols_kept.begin,
+                      size_t(kc));
+          for (int64_t g = 0; g < ng; ++g)
+            scales[size_t((row + r) * ng + g)] = sv[size_t((src_row / B) * sc + g0 + g)];
+        }
+      } else {
+        auto k = part_kept(i, part, cols, cols_kept, transform);
+        if (!k) return k.error();
+        std::vector<float> ps(size_t((kr + B - 1) / B * ng));
+        fp8_block_quantize(k->data(), kr, kc, B, codes.data() + row * kc, ps.data());
+        for (int64_t r = 0; r < kr; ++r)
+          for (int64_t g = 0; g < ng; ++g) scales[size_t((row + r) * ng + g)] = ps[size_t((r / B) * ng + g)];
+      }
+      row += kr;
+    }
+    mq.f8 = be_.prepare_fp8(codes.data(), scales.data(), rows, kc, B);
     return {};
   }
 
@@ -270,9 +323,9 @@ class Loader {
       const Keep sk = shared_keep();
       KV_TRY(product({{x + "gate_proj.weight", c.moe_shared_ffn, sk},
                       {x + "up_proj.weight", c.moe_shared_ffn, sk}},
-                     c.hidden, L.shared.gate_up, L.shared.gate_up_q4, int4_));
+                     c.hidden, L.shared.gate_up, L.shared.gate_up_q, quant_));
       KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_shared_ffn, L.shared.down,
-                     L.shared.down_q4, int4_, {}, sk));
+                     L.shared.down_q, quant_, {}, sk));
     }
     // Every expert's slot; under expert parallelism only the owned ones
     // hold weights.
@@ -283,8 +336,8 @@ class Loader {
       const std::string x = p + "experts." + std::to_string(e) + ".";
       ExpertWeights& E = L.experts[size_t(e)];
       KV_TRY(product({{x + "gate_proj.weight", c.moe_ffn, mk}, {x + "up_proj.weight", c.moe_ffn, mk}},
-                     c.hidden, E.gate_up, E.gate_up_q4, int4_));
-      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_ffn, E.down, E.down_q4, int4_, {},
+                     c.hidden, E.gate_up, E.gate_up_q, quant_));
+      KV_TRY(product({{x + "down_proj.weight", c.hidden}}, c.moe_ffn, E.down, E.down_q, quant_, {},
                      mk));
     }
     return {};
@@ -313,7 +366,7 @@ class Loader {
       first.push_back({p + "indexer.wk.weight", c.index_head_dim});
       first.push_back({p + "indexer.weights_proj.weight", c.index_heads});
     }
-    KV_TRY(product(first, c.hidden, L.wqkv, L.wqkv_q4, int4_));
+    KV_TRY(product(first, c.hidden, L.wqkv, L.wqkv_q, quant_));
     if (indexer) {
       auto r = matrix({{p + "indexer.wq_b.weight", c.index_heads * c.index_head_dim}}, c.q_lora_rank);
       if (!r) return r.error();
@@ -329,8 +382,8 @@ class Loader {
       auto n = f32(p + "q_a_layernorm.weight", {c.q_lora_rank});
       if (!n) return n.error();
       L.q_a_norm = std::move(*n);
-      KV_TRY(product({{p + "q_b_proj.weight", H * qk, q_rows(qk)}}, c.q_lora_rank, L.wq_b, L.wq_b_q4,
-                     int4_));
+      KV_TRY(product({{p + "q_b_proj.weight", H * qk, q_rows(qk)}}, c.q_lora_rank, L.wq_b, L.wq_b_q,
+                     quant_));
     }
     auto kn = f32(p + "kv_a_layernorm.weight", {R});
     if (!kn) return kn.error();
@@ -351,7 +404,7 @@ class Loader {
       L.w_uk_t.push_back(pack(uk.data(), R, nope));
       L.w_uv.push_back(pack(uv.data(), dv, R));
     }
-    KV_TRY(product({{p + "o_proj.weight", c.hidden}}, H * dv, L.wo, L.wo_q4, int4_, {}, q_rows(dv)));
+    KV_TRY(product({{p + "o_proj.weight", c.hidden}}, H * dv, L.wo, L.wo_q, quant_, {}, q_rows(dv)));
     return {};
   }
 
@@ -423,14 +476,14 @@ class Loader {
     if (!c.tie_embeddings || has(names_.global("output")) || part_is_int4(names_.global("output"))) {
       const std::string out = names_.global("output");
       if (has(out) || part_is_int4(out)) {
-        const bool q = int4_ && (part_is_int4(out) || opts_.int4_lm_head);
-        KV_TRY(product({{out, c.vocab, vk}}, c.hidden, w.output, w.output_q4, q));
+        const bool q = quant_ && !fp8_ && (part_is_int4(out) || opts_.int4_lm_head);
+        KV_TRY(product({{out, c.vocab, vk}}, c.hidden, w.output, w.output_q, q));
       } else if (!c.tie_embeddings) {
         return make_error(src_.path() + ": missing tensor " + names_.global("output"));
       }
     }
-    if (int4_ && opts_.int4_lm_head && w.output.rows == 0 && w.output_q4.empty())
-      KV_TRY(product({{names_.global("embed"), c.vocab, vk}}, c.hidden, w.output, w.output_q4, true));
+    if (quant_ && !fp8_ && opts_.int4_lm_head && w.output.rows == 0 && w.output_q.empty())
+      KV_TRY(product({{names_.global("embed"), c.vocab, vk}}, c.hidden, w.output, w.output_q, true));
     auto on = norm(names_.global("out_norm"), c.hidden);
     if (!on) return on.error();
     w.out_norm = std::move(*on);
@@ -455,7 +508,7 @@ class Loader {
         };
       const Keep qr = q_rows(c.head_dim), kr = kv_rows();
       KV_TRY(product({{N("wq"), c.q_dim(), qr}, {N("wk"), c.kv_dim(), kr}, {N("wv"), c.kv_dim(), kr}},
-                     c.hidden, L.wqkv, L.wqkv_q4, int4_, perm));
+                     c.hidden, L.wqkv, L.wqkv_q, quant_, perm));
       if (c.qkv_bias) {
         for (auto [role, n, k] : {std::tuple{"bq", c.q_dim(), qr}, {"bk", c.kv_dim(), kr},
                                   {"bv", c.kv_dim(), kr}}) {
@@ -471,7 +524,7 @@ class Loader {
         L.q_norm = std::move(*qn);
         L.k_norm = std::move(*kn);
       }
-      KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q4, int4_, {}, qr));
+      KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q, quant_, {}, qr));
       }
       auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
       L.ffn_norm = std::move(*fnm);
@@ -480,8 +533,8 @@ class Loader {
       } else {
         const Keep fk = ffn_keep();
         KV_TRY(product({{N("w_gate"), c.ffn, fk}, {N("w_up"), c.ffn, fk}}, c.hidden, L.w_gate_up,
-                       L.w_gate_up_q4, int4_));
-        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q4, int4_, {}, fk));
+                       L.w_gate_up_q, quant_));
+        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q, quant_, {}, fk));
       }
       if (c.post_norms) {
         auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
@@ -519,7 +572,8 @@ class Loader {
   const TensorSource& src_;
   const ModelConfig& cfg_;
   Names names_;
-  bool int4_ = false;
+  bool quant_ = false;  // the set's products take INT4 or FP8 where they can
+  bool fp8_ = false;    // ... and it is FP8
   WeightSetOptions opts_;
   const backend::Backend& be_;
   const dist::ShardPlan* sp_ = nullptr;  // null: the whole model
@@ -531,6 +585,7 @@ const char* weight_precision_name(WeightPrecision p) {
   switch (p) {
     case WeightPrecision::kBf16: return "bf16";
     case WeightPrecision::kInt4: return "int4";
+    case WeightPrecision::kFp8: return "fp8";
     default: return "native";
   }
 }
@@ -568,15 +623,18 @@ Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& 
     m.config = std::move(*c);
     naming = Naming::Gguf;
   }
-  const bool int4 = opts.precision == WeightPrecision::kInt4 ||
-                    (opts.precision == WeightPrecision::kNative && files.int4());
+  WeightPrecision prec = opts.precision;
+  if (prec == WeightPrecision::kNative)
+    prec = files.int4() ? WeightPrecision::kInt4
+           : files.fp8() ? WeightPrecision::kFp8
+                         : WeightPrecision::kBf16;
   auto plan = dist::make_shard_plan(m.config, opts.tp, opts.tp_rank, opts.ep, opts.ep_rank,
                                     opts.shard_align);
   if (!plan) return make_error(files.path() + ": " + plan.error().message);
   m.shard = *plan;
   std::unique_ptr<backend::Backend> own;
   if (!opts.backend) own = backend::make_cpu_backend();
-  Loader l(files.tensors(), m.config, naming, int4, opts, opts.backend ? *opts.backend : *own,
+  Loader l(files.tensors(), m.config, naming, prec, opts, opts.backend ? *opts.backend : *own,
            m.shard);
   auto w = l.load();
   if (!w) return w.error();

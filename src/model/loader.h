@@ -18,14 +18,16 @@ class Backend;
 
 // Which form the linear layers of a weight set take. kNative: the
 // checkpoint's own (INT4 where it holds compressed-tensors W4A16 weights,
-// else BF16).
-enum class WeightPrecision : uint8_t { kNative, kBf16, kInt4 };
+// FP8 where it holds block-scaled FP8 ones, else BF16).
+enum class WeightPrecision : uint8_t { kNative, kBf16, kInt4, kFp8 };
 const char* weight_precision_name(WeightPrecision p);
 
 struct WeightSetOptions {
   WeightPrecision precision = WeightPrecision::kNative;
   // Converting a BF16/FP8/GGUF checkpoint to INT4 at load: RTN, symmetric,
   // this group size; layers whose input size it does not divide stay BF16.
+  // FP8 from a checkpoint that is not block-scaled FP8: 128x128 block amax
+  // scales (numerics/fp8_block.h).
   int int4_group = 128;
   bool int4_lm_head = false;  // also quantize the output projection
   // Prepares the products (the CPU backend when null).

@@ -111,7 +111,9 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
   KV_TRY(check_parallelism(par));
   const int ranks = par.comm ? par.comm->size() : 1, rank = par.comm ? par.comm->rank() : 0;
   // Resolve kNative to the checkpoint's form, then load each distinct form once.
-  const WeightPrecision native = files.int4() ? WeightPrecision::kInt4 : WeightPrecision::kBf16;
+  const WeightPrecision native = files.int4()  ? WeightPrecision::kInt4
+                                 : files.fp8() ? WeightPrecision::kFp8
+                                               : WeightPrecision::kBf16;
   auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
   const WeightPrecision want[2] = {resolve(opts.prefill), resolve(opts.decode)};
   auto be = backend::make_backend(opts.backend);
@@ -143,10 +145,14 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
       // one workspace): in whole INT4 groups when either set is INT4 (a
       // checkpoint's own groups are taken as 128 at most), else in blocks of
       // 16 (SIMD-friendly, and small enough for the test models' sizes).
+      // An FP8 set from an FP8 checkpoint keeps its codes only when columns
+      // split at its 128-wide scale blocks.
       const bool any_int4 = want[0] == WeightPrecision::kInt4 || want[1] == WeightPrecision::kInt4;
+      const bool any_fp8 = want[0] == WeightPrecision::kFp8 || want[1] == WeightPrecision::kFp8;
       so.shard_align = !any_int4 ? 16
                        : files.int4() ? std::max<int64_t>(128, opts.int4_group)
                                       : opts.int4_group;
+      if (any_fp8 && files.fp8()) so.shard_align = 128;
     }
     auto m = load_model(files, so);
     if (!m) return m.error();
@@ -387,7 +393,7 @@ void Model::logits_forward(const Batch& b, std::span<float> logits) {
   for (const auto& sg : logit_segs_) {
     const ModelWeights& W = sets_[size_t(sg.set)];
     if (held > 0)
-      be_->linear(h.sub_rows(sg.t0, sg.t1 - sg.t0), {&W.lm_head(), &W.output_q4},
+      be_->linear(h.sub_rows(sg.t0, sg.t1 - sg.t0), {&W.lm_head(), &W.output_q},
                   out.sub_rows(sg.t0, sg.t1 - sg.t0).sub_cols(0, held));
   }
   if (split) gather_logits(r, logits);
@@ -434,7 +440,7 @@ void Model::linear(int64_t l, int which, CF32 x, F32 y) {
   for (const auto& sg : segs_) {
     const LayerWeights& L = layer(sg.set, l);
     const Matrix* W[] = {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down};
-    const Q4Matrix* W4[] = {&L.wqkv_q4, &L.wo_q4, &L.w_gate_up_q4, &L.w_down_q4};
+    const QMatrix* W4[] = {&L.wqkv_q, &L.wo_q, &L.w_gate_up_q, &L.w_down_q};
     be_->linear(x.sub_rows(sg.t0, sg.t1 - sg.t0), {W[which], W4[which]},
                 y.sub_rows(sg.t0, sg.t1 - sg.t0));
   }

@@ -15,20 +15,20 @@
 
 namespace kvant {
 
-// One weight set: every linear layer is either BF16 (Matrix) or INT4
-// (Q4Matrix, when its *_q4 field is non-empty); embeddings and norms are
+// One weight set: every linear layer is either BF16 (Matrix) or INT4 / FP8
+// (QMatrix, when its *_q field is non-empty); embeddings and norms are
 // always BF16/FP32. A model may hold two sets, one per phase (model.h).
-// One routed expert's gated MLP: BF16 or INT4 like the dense products.
+// One routed expert's gated MLP: BF16, INT4 or FP8 like the dense products.
 struct ExpertWeights {
   Matrix gate_up;  // [2*moe_ffn, hidden]
   Matrix down;     // [hidden, moe_ffn]
-  Q4Matrix gate_up_q4, down_q4;
+  QMatrix gate_up_q, down_q;
 };
 
 struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
   Matrix wqkv;                        // [q_dim + 2*kv_dim, hidden]
-  Q4Matrix wqkv_q4, wo_q4, w_gate_up_q4, w_down_q4;  // INT4 forms of the four products
+  QMatrix wqkv_q, wo_q, w_gate_up_q, w_down_q;  // INT4 or FP8 forms of the four products
   std::vector<float> bqkv;            // [q_dim + 2*kv_dim] or empty
   std::vector<float> q_norm, k_norm;  // [head_dim] or empty
   Matrix wo;                          // [hidden, q_dim]
@@ -48,7 +48,7 @@ struct LayerWeights {
   // kv_a (kv_lora_rank + qk_rope_dim)], and wo is [hidden, heads*v_head_dim].
   std::vector<float> q_a_norm, kv_a_norm;  // [q_lora_rank] (empty without), [kv_lora_rank]
   Matrix wq_b;                             // [heads*qk, q_lora_rank]
-  Q4Matrix wq_b_q4;
+  QMatrix wq_b_q;
   Matrix wkv_b;                            // [heads*(qk_nope+v), kv_lora_rank]: prefill expands K, V
   // Decode with the up-projections absorbed: per head, k_nope's W_uk
   // transposed [kv_lora_rank, qk_nope] (query -> latent space) and v's W_uv
@@ -64,7 +64,7 @@ struct LayerWeights {
 struct ModelWeights {
   Matrix embed;                  // [vocab, hidden]
   Matrix output;                 // [vocab, hidden]; empty when tied to embed
-  Q4Matrix output_q4;            // INT4 lm_head, when quantized
+  QMatrix output_q;             // INT4 or FP8 lm_head, when quantized
   std::vector<float> out_norm;   // [hidden]
   std::vector<float> rope_freq_factors;  // [head_dim/2] divisors (Llama 3 GGUF), or empty
   std::vector<LayerWeights> layers;
@@ -75,16 +75,17 @@ struct ModelWeights {
 struct LinearInfo {
   std::string name;             // e.g. "layers.3.experts.17.down"
   const Matrix* bf16 = nullptr;
-  const Q4Matrix* q4 = nullptr;  // nullptr: a product that is always BF16 (router, MLA's W_kv_b, ...)
+  const QMatrix* q = nullptr;  // nullptr: a product that is always BF16 (router, MLA's W_kv_b, ...)
   bool head = false;             // the embedding or the output projection
 };
 // Calls fn for every linear product of a set, the embedding and the output
 // head included.
 void for_each_linear(const ModelWeights& w, const std::function<void(const LinearInfo&)>& fn);
 
-// What a set holds, from for_each_linear: "bf16", "int4" (every product of
-// the layers that has an INT4 form holds it; the output head is reported on
-// its own, --int4-lm-head) or "mixed"; and its bytes in memory.
+// What a set holds, from for_each_linear: "bf16", "int4" or "fp8" (every
+// product of the layers that can take a quantized form holds that one; the
+// output head is reported on its own, --int4-lm-head) or "mixed"; and its
+// bytes in memory.
 std::string weights_precision(const ModelWeights& w);
 size_t weights_bytes(const ModelWeights& w);
 

@@ -207,12 +207,38 @@ TEST_P(BackendOps, LinearInt4) {
       for (auto& v : zv) v = int8_t(q(rng));
       const auto sc = random_vec(size_t(s.n * G), 4, 0.01f, 0.1f);
       const int8_t* z = s.zero ? zv.data() : nullptr;
-      const Q4Matrix wa = be_->prepare_int4(qv.data(), sc.data(), z, s.n, s.k, s.group);
-      const Q4Matrix wb = ref_->prepare_int4(qv.data(), sc.data(), z, s.n, s.k, s.group);
+      QMatrix wa, wb;
+      wa.q4 = be_->prepare_int4(qv.data(), sc.data(), z, s.n, s.k, s.group);
+      wb.q4 = ref_->prepare_int4(qv.data(), sc.data(), z, s.n, s.k, s.group);
       Mat x = random_mat(m, s.k, uint32_t(m)), a(m, s.n), b(m, s.n);
       be_->linear(x.view(), {nullptr, &wa}, a.view());
       ref_->linear(x.view(), {nullptr, &wb}, b.view());
       expect_close(a, b, 1e-4, "linear int4 n" + std::to_string(s.n) + " k" + std::to_string(s.k) + " m" + std::to_string(m));
+    }
+}
+
+TEST_P(BackendOps, LinearFp8) {
+  struct Shape {
+    int64_t n, k, group;
+  };
+  // 128-column blocks (one short), one group per row, small groups.
+  for (Shape s : {Shape{1, 32, 128}, Shape{17, 200, 128}, Shape{40, 160, 32}, Shape{16, 576, 576}})
+    for (int64_t m : {1, 3, 70}) {
+      const int64_t G = (s.k + s.group - 1) / s.group;
+      std::mt19937 rng(uint32_t(s.n * s.k + m));
+      std::vector<uint8_t> codes(size_t(s.n * s.k));
+      for (auto& c : codes) {
+        c = uint8_t(rng());
+        if ((c & 0x7f) == 0x7f) c = 0;
+      }
+      const auto sc = random_vec(size_t(s.n * G), 4, 0.001f, 0.01f);
+      QMatrix wa, wb;
+      wa.f8 = be_->prepare_fp8(codes.data(), sc.data(), s.n, s.k, s.group);
+      wb.f8 = ref_->prepare_fp8(codes.data(), sc.data(), s.n, s.k, s.group);
+      Mat x = random_mat(m, s.k, uint32_t(m)), a(m, s.n), b(m, s.n);
+      be_->linear(x.view(), {nullptr, &wa}, a.view());
+      ref_->linear(x.view(), {nullptr, &wb}, b.view());
+      expect_close(a, b, 1e-4, "linear fp8 n" + std::to_string(s.n) + " k" + std::to_string(s.k) + " m" + std::to_string(m));
     }
 }
 

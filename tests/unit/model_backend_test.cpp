@@ -79,11 +79,11 @@ TEST(ModelWeights, ReportsCoverEveryProduct) {
   w.embed = bf16(10, 4);
   w.layers.resize(1);
   LayerWeights& L = w.layers[0];
-  L.wqkv_q4 = q4(8, 32);
-  L.wo_q4 = q4(4, 32);
+  L.wqkv_q.q4 = q4(8, 32);
+  L.wo_q.q4 = q4(4, 32);
   L.router = bf16(2, 4);
   L.experts.resize(2);
-  for (auto& X : L.experts) X.gate_up_q4 = q4(8, 32), X.down_q4 = q4(4, 32);
+  for (auto& X : L.experts) X.gate_up_q.q4 = q4(8, 32), X.down_q.q4 = q4(4, 32);
   L.shared.gate_up = bf16(8, 32);
   L.shared.down = bf16(4, 32);
   L.wkv_b = bf16(6, 2);
@@ -91,13 +91,13 @@ TEST(ModelWeights, ReportsCoverEveryProduct) {
   size_t want = 0;
   for (const Matrix* m : {&w.embed, &L.router, &L.shared.gate_up, &L.shared.down, &L.wkv_b, &L.idx_wq_b})
     want += m->bytes();
-  for (const Q4Matrix* m : {&L.wqkv_q4, &L.wo_q4}) want += m->bytes();
-  for (auto& X : L.experts) want += X.gate_up_q4.bytes() + X.down_q4.bytes();
+  for (const QMatrix* m : {&L.wqkv_q, &L.wo_q}) want += m->bytes();
+  for (auto& X : L.experts) want += X.gate_up_q.bytes() + X.down_q.bytes();
   EXPECT_EQ(weights_bytes(w), want);
   // The shared expert is BF16 while everything else that can be is INT4.
   EXPECT_EQ(weights_precision(w), "mixed");
-  L.shared.gate_up_q4 = q4(8, 32);
-  L.shared.down_q4 = q4(4, 32);
+  L.shared.gate_up_q.q4 = q4(8, 32);
+  L.shared.down_q.q4 = q4(4, 32);
   L.shared.gate_up = Matrix();
   L.shared.down = Matrix();
   EXPECT_EQ(weights_precision(w), "int4");

@@ -41,7 +41,7 @@ TEST_P(MoeInt4, ExpertsLoadAsInt4AndStayClose) {
     for (const auto& L : m->weights().layers)
       for (const auto& X : L.experts) {
         ++experts;
-        q4 += !X.gate_up_q4.empty();
+        q4 += !X.gate_up_q.empty();
       }
     EXPECT_GT(experts, 0);
     EXPECT_EQ(q4, experts) << "every expert's gate|up product is INT4";

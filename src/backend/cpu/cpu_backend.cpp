@@ -55,6 +55,19 @@ Q4Matrix CpuBackend::prepare_int4(const int8_t* q, const float* scale, const int
   return m;
 }
 
+F8Matrix CpuBackend::prepare_fp8(const uint8_t* codes, const float* scale, int64_t rows,
+                                 int64_t cols, int64_t group) const {
+  KV_CHECK(cols % 2 == 0 && group % 2 == 0 && (group <= kernels::kF8MaxGroup || group >= cols));
+  F8Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.group = group;
+  m.w = AlignedBuffer<uint8_t>(size_t(kernels::f8_packed_bytes(rows, cols)));
+  m.scales = AlignedBuffer<float>(size_t(kernels::q4_panels(rows) * kernels::f8_groups(cols, group) * 16));
+  m.nan_codes = kernels::pack_f8(codes, scale, rows, cols, group, m.w.data(), m.scales.data());
+  return m;
+}
+
 DeviceBuffer CpuBackend::alloc(size_t bytes) {
   if (bytes == 0) return {};
   const size_t rounded = (bytes + 63) / 64 * 64;
@@ -199,8 +212,25 @@ void CpuBackend::copy_rows(CF32 src, const int64_t* src_rows, F32 dst, const int
 }
 
 void CpuBackend::linear(CF32 x, LinearRef w, F32 y) {
-  if (w.is_int4()) return linear_int4(x, *w.q4, y);
+  if (w.is_int4()) return linear_int4(x, w.q->q4, y);
+  if (w.is_fp8()) return linear_fp8(x, w.q->f8, y);
   linear_bf16(x, *w.bf16, y);
+}
+
+// The rows in BF16, then the product split over output rows as for BF16,
+// tokens in tiles of 64 (a thread's weight slice stays in its L2 across a
+// tile's strips).
+void CpuBackend::linear_fp8(CF32 x, const F8Matrix& W, F32 y) {
+  const int64_t m = x.rows, k = W.cols;
+  if (m * k > int64_t(xb_.size())) xb_ = AlignedBuffer<uint16_t>(size_t(m * k));
+  for (int64_t r = 0; r < m; ++r) K_.f32_to_bf16(x.row(r), xb_.data() + r * k, k);
+  const uint16_t* xb = xb_.data();
+  const kernels::F8Weights w{W.w.data(), W.scales.data(), W.rows, W.cols, W.group, W.nan_codes};
+  constexpr int64_t kTile = 64;
+  pfor(W.rows, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t i0 = 0; i0 < m; i0 += kTile)
+      K_.gemm_f8(xb + i0 * k, k, w, y.row(i0), y.ld, std::min(kTile, m - i0), n0, n1);
+  });
 }
 
 // The rows in BF16, then the product split over output rows in blocks of 64

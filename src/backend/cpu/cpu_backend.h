@@ -26,6 +26,8 @@ class CpuBackend final : public Backend {
   Matrix prepare_bf16(const uint16_t* w, int64_t rows, int64_t cols) const override;
   Q4Matrix prepare_int4(const int8_t* q, const float* scale, const int8_t* zero, int64_t rows,
                         int64_t cols, int64_t group) const override;
+  F8Matrix prepare_fp8(const uint8_t* codes, const float* scale, int64_t rows, int64_t cols,
+                       int64_t group) const override;
 
   DeviceBuffer alloc(size_t bytes) override;
   void reserve(const WorkspaceSize& size) override;
@@ -98,6 +100,7 @@ class CpuBackend final : public Backend {
   const uint8_t** ptrs_for(int tid) { return ptrs_.data() + int64_t(tid) * 4 * pages_; }
   void linear_bf16(CF32 x, const Matrix& w, F32 y);
   void linear_int4(CF32 x, const Q4Matrix& w, F32 y);
+  void linear_fp8(CF32 x, const F8Matrix& w, F32 y);
 
   const kernels::KernelTable& K_;
   int threads_;

@@ -41,7 +41,7 @@ void Model::mla_attention(int64_t l) {
     q = dense(ws.mq.data(), T, c.q_dim());
     for (const auto& sg : segs_) {
       const LayerWeights& L = layer(sg.set, l);
-      be_->linear(first.sub_cols(0, qa).sub_rows(sg.t0, sg.t1 - sg.t0), {&L.wq_b, &L.wq_b_q4},
+      be_->linear(first.sub_cols(0, qa).sub_rows(sg.t0, sg.t1 - sg.t0), {&L.wq_b, &L.wq_b_q},
                   q.sub_rows(sg.t0, sg.t1 - sg.t0));
     }
   }

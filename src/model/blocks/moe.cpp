@@ -38,9 +38,9 @@ void Model::moe_forward(int64_t l) {
       const int64_t r0 = ws.moe_off[size_t(e)], m = ws.moe_off[size_t(e + 1)] - r0;
       if (m == 0) continue;
       const ExpertWeights& X = L.experts[size_t(e)];
-      be_->linear(xs.sub_rows(r0, m), {&X.gate_up, &X.gate_up_q4}, gu.sub_rows(r0, m));
+      be_->linear(xs.sub_rows(r0, m), {&X.gate_up, &X.gate_up_q}, gu.sub_rows(r0, m));
       be_->gated_act(gate_act(c.act), gu.sub_rows(r0, m), act.sub_rows(r0, m));
-      be_->linear(act.sub_rows(r0, m), {&X.down, &X.down_q4}, ys.sub_rows(r0, m));
+      be_->linear(act.sub_rows(r0, m), {&X.down, &X.down_q}, ys.sub_rows(r0, m));
     }
     if (ep_ > 1)
       moe_combine_ep(n, os);  // exact: each token's experts summed on its owner
@@ -50,9 +50,9 @@ void Model::moe_forward(int64_t l) {
       const int64_t S = c.moe_shared_ffn;
       const backend::F32 sgu = dense(ws.moe_gu.data(), n, 2 * S), sact = dense(ws.moe_act.data(), n, S);
       const backend::F32 sy = dense(ws.moe_y.data(), n, H);
-      be_->linear(hs, {&L.shared.gate_up, &L.shared.gate_up_q4}, sgu);
+      be_->linear(hs, {&L.shared.gate_up, &L.shared.gate_up_q}, sgu);
       be_->gated_act(backend::GateAct::kSilu, sgu, sact);
-      be_->linear(sact, {&L.shared.down, &L.shared.down_q4}, sy);
+      be_->linear(sact, {&L.shared.down, &L.shared.down_q}, sy);
       if (ep_ > 1) reduce_tp(sy);  // the routed sum is whole already
       be_->add(os, sy);
     }
