@@ -1,5 +1,6 @@
 // `kvant quantize`: writes a GGUF or Hugging Face checkpoint out as a Hugging
-// Face directory with compressed-tensors pack-quantized INT4 linears. Option
+// Face directory with compressed-tensors pack-quantized INT4 linears, or
+// float-quantized FP8 ones (--format fp8). Option
 // parsing, the calibration text's tokens, progress and the size report only;
 // the work is quant/ (quantize_pipeline.h: AWQ scales, then checkpoint.h).
 #include <cstdio>
@@ -17,7 +18,7 @@ namespace kvant::cli {
 namespace {
 
 struct QuantizeCliOpts {
-  std::string in, out, method = "rtn", calib;
+  std::string in, out, method = "rtn", calib, format = "int4";
   int group_size = 128;
   bool asym = false, quantize_lm_head = false, json = false, strict_groups = false;
   int64_t calib_tokens = 4096, calib_rows = 256;
@@ -40,6 +41,10 @@ int run_quantize(const QuantizeCliOpts& c) {
   if (c.method != "rtn" && c.method != "awq")
     return fail("--method must be rtn or awq, got '" + c.method + "'");
   if (c.method == "awq" && c.calib.empty()) return fail("--method awq needs --calib TEXTFILE");
+  const bool fp8 = c.format == "fp8";
+  if (fp8 && (c.method != "rtn" || c.asym || c.strict_groups))
+    return fail("--format fp8 takes 128x128 block scales (amax / 448): --method, --asym and "
+                "--strict-groups are INT4 options");
   set_num_threads(c.threads);
   QuantizePipelineOptions p;
   if (c.method == "awq") {
@@ -60,6 +65,7 @@ int run_quantize(const QuantizeCliOpts& c) {
     p.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   }
   QuantizeOptions& o = p.checkpoint;
+  o.format = fp8 ? QuantFormat::kFp8 : QuantFormat::kInt4;
   o.in = c.in;
   o.out = c.out;
   o.group_size = c.group_size;
@@ -68,7 +74,7 @@ int run_quantize(const QuantizeCliOpts& c) {
   o.quantize_lm_head = c.quantize_lm_head;
   o.strict_groups = c.strict_groups;
   o.progress = [](size_t i, size_t n, const std::string& name, bool q) {
-    std::fprintf(stderr, "[%zu/%zu] %s %s\n", i, n, name.c_str(), q ? "int4" : "keep");
+    std::fprintf(stderr, "[%zu/%zu] %s %s\n", i, n, name.c_str(), q ? "quantize" : "keep");
   };
   o.warn = [](const std::string& m) { std::fprintf(stderr, "kvant quantize: warning: %s\n", m.c_str()); };
   auto r = quantize_model(p);
@@ -78,17 +84,24 @@ int run_quantize(const QuantizeCliOpts& c) {
     auto j = s.to_json();
     j["in"] = c.in;
     j["out"] = c.out;
-    j["group_size"] = c.group_size;
-    j["symmetric"] = !c.asym;
+    if (!fp8) {
+      j["group_size"] = c.group_size;
+      j["symmetric"] = !c.asym;
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("wrote %s (%lld tensors quantized to INT4, %s, group %d, %s; %lld kept)\n", c.out.c_str(),
-              (long long)s.quantized_tensors, c.method.c_str(), c.group_size, c.asym ? "asymmetric" : "symmetric",
-              (long long)s.kept_tensors);
+  if (fp8)
+    std::printf("wrote %s (%lld tensors quantized to FP8 e4m3, 128x128 block scales; %lld kept)\n",
+                c.out.c_str(), (long long)s.quantized_tensors, (long long)s.kept_tensors);
+  else
+    std::printf("wrote %s (%lld tensors quantized to INT4, %s, group %d, %s; %lld kept)\n",
+                c.out.c_str(), (long long)s.quantized_tensors, c.method.c_str(), c.group_size,
+                c.asym ? "asymmetric" : "symmetric", (long long)s.kept_tensors);
   std::printf("input size:  %s\noutput size: %s\n", mb(s.input_bytes).c_str(), mb(s.output_bytes).c_str());
-  std::printf("quantized linears: %s as BF16 -> %s as INT4 (packed + scales + zeros), %.2fx smaller\n",
+  std::printf("quantized linears: %s as BF16 -> %s as %s, %.2fx smaller\n",
               mb(s.quantized_bf16_bytes).c_str(), mb(s.quantized_int4_bytes).c_str(),
+              fp8 ? "FP8 (codes + block scales)" : "INT4 (packed + scales + zeros)",
               s.quantized_int4_bytes ? double(s.quantized_bf16_bytes) / double(s.quantized_int4_bytes) : 0.0);
   if (s.quantized_tensors > 0)
     std::printf("relative RMS error of the quantized linears: mean %.4f, worst %.4f\n", s.mean_rel_rms,
@@ -101,7 +114,10 @@ int run_quantize(const QuantizeCliOpts& c) {
 void register_quantize(CLI::App& app) {
   static QuantizeCliOpts o;
   auto* cmd = app.add_subcommand(
-      "quantize", "Write a checkpoint with INT4 (W4A16, compressed-tensors pack-quantized) linears");
+      "quantize",
+      "Write a checkpoint with INT4 (W4A16, compressed-tensors pack-quantized) or FP8 (e4m3, "
+      "128x128 blocks, compressed-tensors float-quantized) linears");
+  cmd->add_option("--format", o.format, "int4 (default) or fp8")->check(CLI::IsMember({"int4", "fp8"}));
   cmd->add_option("--in", o.in, "GGUF file, .safetensors, or Hugging Face directory")->required();
   cmd->add_option("--out", o.out, "output directory (Hugging Face layout)")->required();
   cmd->add_option("--group-size", o.group_size, "weights per scale: 32, 64 or 128")

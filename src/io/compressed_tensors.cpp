@@ -122,6 +122,42 @@ nlohmann::json quantization_config_json(const Int4Scheme& s) {
   return nlohmann::json::parse(q.dump());
 }
 
+bool is_fp8_quantization_config(const nlohmann::json& cfg) {
+  if (!cfg.is_object() || !cfg.contains("quantization_config")) return false;
+  const auto& q = cfg["quantization_config"];
+  if (!q.is_object()) return false;
+  const std::string method = q.value("quant_method", std::string());
+  if (method == "fp8") return true;
+  if (method != "compressed-tensors" || !q.contains("config_groups") ||
+      !q["config_groups"].is_object() || q["config_groups"].empty())
+    return false;
+  for (const auto& [k, g] : q["config_groups"].items()) {
+    if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object()) return false;
+    const auto& w = g["weights"];
+    if (w.value("num_bits", 0) != 8 || w.value("type", std::string()) != "float") return false;
+  }
+  return true;
+}
+
+nlohmann::json fp8_quantization_config_json(const std::vector<std::string>& ignore) {
+  nlohmann::ordered_json w = {{"num_bits", 8},          {"type", "float"},
+                              {"symmetric", true},      {"strategy", "block"},
+                              {"block_structure", {128, 128}}, {"group_size", nullptr},
+                              {"dynamic", false},       {"observer", "minmax"}};
+  nlohmann::ordered_json g = {{"targets", {"Linear"}},
+                              {"weights", w},
+                              {"input_activations", nullptr},
+                              {"output_activations", nullptr},
+                              {"format", "float-quantized"}};
+  nlohmann::ordered_json q = {{"quant_method", "compressed-tensors"},
+                              {"format", "float-quantized"},
+                              {"quantization_status", "compressed"},
+                              {"config_groups", {{"group_0", g}}},
+                              {"ignore", ignore},
+                              {"kv_cache_scheme", nullptr}};
+  return nlohmann::json::parse(q.dump());
+}
+
 bool has_int4_weight(const TensorSource& src, const std::string& base) {
   return src.find(base + ".weight_packed") != nullptr;
 }

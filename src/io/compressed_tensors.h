@@ -36,6 +36,16 @@ Result<std::optional<Int4Scheme>> parse_quantization_config(const nlohmann::json
 // The object to put under "quantization_config".
 nlohmann::json quantization_config_json(const Int4Scheme& s);
 
+// FP8 e4m3 weights (tensor_source.h reads their scales): config.json's
+// quantization_config is DeepSeek-V3's quant_method "fp8", or
+// compressed-tensors whose every config group quantizes weights to 8-bit
+// float (format float-quantized; per tensor, channel or 128x128 block).
+// Activation schemes are not applied: kvant computes with BF16 activations.
+bool is_fp8_quantization_config(const nlohmann::json& config_json);
+// compressed-tensors float-quantized, 8-bit float weights in 128x128 blocks
+// (the object under "quantization_config"; `ignore` lists modules kept BF16).
+nlohmann::json fp8_quantization_config_json(const std::vector<std::string>& ignore);
+
 // base: a linear's name without suffix, e.g. "model.layers.0.mlp.down_proj".
 bool has_int4_weight(const TensorSource& src, const std::string& base);  // base + ".weight_packed" exists
 Result<Int4Weight> read_int4_weight(const TensorSource& src, const std::string& base);

@@ -24,8 +24,7 @@ Result<std::shared_ptr<const ModelFiles>> ModelFiles::open(const std::string& pa
     } catch (const std::exception& e) {
       return make_error(cfg + ": invalid JSON: " + e.what());
     }
-    const auto* q = f->config_.contains("quantization_config") ? &f->config_["quantization_config"] : nullptr;
-    f->fp8_ = q && q->is_object() && q->value("quant_method", std::string()) == "fp8";
+    f->fp8_ = is_fp8_quantization_config(f->config_);
     auto s = f->fp8_ ? Result<std::optional<Int4Scheme>>(std::optional<Int4Scheme>())
                      : parse_quantization_config(f->config_);
     f->int4_ = s && s->has_value();

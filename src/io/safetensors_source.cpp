@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "io/dequant.h"
@@ -73,28 +74,36 @@ class SafetensorsSource final : public TensorSource {
                         std::to_string((end - begin) * len) + " needed");
     if (entries_[i].scale < 0)
       return dequantize_range(own->dtype, own->data, begin * len, end * len, out, what);
-    read_block_scaled(*own, refs_[size_t(entries_[i].scale)], begin, end, out.data());
+    read_block_scaled(*own, refs_[size_t(entries_[i].scale)], entries_[i].block_rows,
+                      entries_[i].block_cols, begin, end, out.data());
     return {};
   }
 
-  const TensorRef* fp8_block_scales(const TensorRef& t) const override {
+  std::optional<Fp8Scales> fp8_scales(const TensorRef& t) const override {
     const TensorRef* own = find(t.name);
-    if (!own) return nullptr;
-    const int64_t s = entries_[size_t(own - refs_.data())].scale;
-    return s < 0 ? nullptr : &refs_[size_t(s)];
+    if (!own || own->dtype != DType::F8_E4M3 || own->shape.size() != 2) return std::nullopt;
+    const Entry& e = entries_[size_t(own - refs_.data())];
+    if (e.scale < 0) return Fp8Scales{nullptr, own->shape[0], own->shape[1]};
+    return Fp8Scales{&refs_[size_t(e.scale)], e.block_rows, e.block_cols};
   }
 
  private:
   struct Entry {
     size_t shard;
-    int64_t scale;  // index in refs_ of this FP8 weight's block scales, or -1
+    int64_t scale = -1;  // index in refs_ of this FP8 weight's scales, or -1
+    int64_t block_rows = 0, block_cols = 0;  // rows and columns one scale covers
   };
   SafetensorsSource() = default;
 
+  // An FP8 weight's scales: `<name>_scale_inv` (DeepSeek-V3) or
+  // `<name>_scale` (compressed-tensors float-quantized), F32 or BF16, one per
+  // 128x128 block ([ceil(R/128), ceil(C/128)]), per row ([R, 1]) or per
+  // tensor ([1] or [1, 1]); leading dimensions as the weight's.
   Result<void> attach_scale(size_t i) {
     const TensorRef& w = refs_[i];
     if (w.dtype != DType::F8_E4M3) return {};
     auto it = index_.find(w.name + kScaleSuffix);
+    if (it == index_.end()) it = index_.find(w.name + "_scale");
     if (it == index_.end()) return {};
     const TensorRef& s = refs_[it->second];
     const std::string what =
@@ -107,20 +116,35 @@ class SafetensorsSource final : public TensorSource {
       want[r - 2] = (w.shape[r - 2] + kScaleBlock - 1) / kScaleBlock;
       want[r - 1] = (w.shape[r - 1] + kScaleBlock - 1) / kScaleBlock;
     }
-    if (r < 2 || s.shape != want)
+    std::vector<int64_t> got = s.shape;
+    if (r == 2 && got.size() == 1 && got[0] == 1) got = {1, 1};  // one per tensor
+    bool ok = r >= 2 && got.size() == r &&
+              std::equal(got.begin(), got.end() - 2, w.shape.begin());
+    int64_t br = 0, bc = 0;
+    if (ok) {
+      const int64_t R = w.shape[r - 2], C = w.shape[r - 1], SR = got[r - 2], SC = got[r - 1];
+      br = SR == want[r - 2] ? kScaleBlock : SR == R ? 1 : SR == 1 ? R : 0;
+      bc = SC == want[r - 1] ? kScaleBlock : SC == 1 ? C : 0;
+      ok = br > 0 && bc > 0;
+    }
+    if (!ok)
       return make_error(what + ": shape " + shape_str(s.shape) +
-                        " does not give one scale per 128x128 block of \"" + w.name + "\" " +
-                        shape_str(w.shape) + (r < 2 ? "" : " (expected " + shape_str(want) + ")"));
+                        " does not give one scale per 128x128 block, per row or per tensor of \"" +
+                        w.name + "\" " + shape_str(w.shape) +
+                        (r < 2 ? "" : " (expected " + shape_str(want) + ")"));
     entries_[i].scale = int64_t(it->second);
+    entries_[i].block_rows = br;
+    entries_[i].block_cols = bc;
     return {};
   }
 
-  // Rows [begin, end) of an FP8 weight [..., R, C] times its block scales.
-  static void read_block_scaled(const TensorRef& w, const TensorRef& s, int64_t begin, int64_t end,
-                                float* out) {
+  // Rows [begin, end) of an FP8 weight [..., R, C] times its scales, one per
+  // br x bc tile.
+  static void read_block_scaled(const TensorRef& w, const TensorRef& s, int64_t br, int64_t bc,
+                                int64_t begin, int64_t end, float* out) {
     const size_t r = w.shape.size();
     const int64_t R = w.shape[r - 2], C = w.shape[r - 1];
-    const int64_t SR = s.shape[r - 2], SC = s.shape[r - 1];
+    const int64_t SR = (R + br - 1) / br, SC = (C + bc - 1) / bc;
     const float* fp8 = fp8_e4m3_table();
     const bool bf16 = s.dtype == DType::BF16;
     auto scale_at = [&](int64_t k) {
@@ -134,12 +158,12 @@ class SafetensorsSource final : public TensorSource {
       return f;
     };
     for (int64_t g = begin; g < end; ++g, out += C) {
-      const int64_t srow = (g / R) * SR + (g % R) / kScaleBlock;
+      const int64_t srow = (g / R) * SR + (g % R) / br;
       const uint8_t* src = w.data.data() + g * C;
       for (int64_t cb = 0; cb < SC; ++cb) {
         const float sc = scale_at(srow * SC + cb);
-        const int64_t c1 = std::min(C, (cb + 1) * kScaleBlock);
-        for (int64_t c = cb * kScaleBlock; c < c1; ++c) out[c] = fp8[src[c]] * sc;
+        const int64_t c1 = std::min(C, (cb + 1) * bc);
+        for (int64_t c = cb * bc; c < c1; ++c) out[c] = fp8[src[c]] * sc;
       }
     }
   }

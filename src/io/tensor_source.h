@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,7 +38,8 @@ class TensorSource {
   // The parsed file behind a GGUF source (its metadata), else nullptr.
   virtual const GgufFile* gguf() const { return nullptr; }
   // Dequantizes a whole tensor to FP32; `out` holds numel() values. FP8
-  // weights with a `<name>_scale_inv` sibling get their 128x128 block scales.
+  // weights with a `<name>_scale_inv` or `<name>_scale` sibling get their
+  // scales (per 128x128 block, per row or per tensor).
   // Errors name the file and tensor.
   Result<void> read_f32(const TensorRef& t, std::span<float> out) const {
     return read_f32_rows(t, 0, num_rows(t), out);
@@ -50,10 +52,16 @@ class TensorSource {
   virtual Result<void> read_f32_rows(const TensorRef& t, int64_t begin, int64_t end,
                                      std::span<float> out) const = 0;
 
-  // An F8_E4M3 weight's block scales (its `<name>_scale_inv` sibling, one
-  // F32 or BF16 value per kFp8ScaleBlock x kFp8ScaleBlock tile, checked at
-  // open), for loaders that keep the codes; nullptr when it has none.
-  virtual const TensorRef* fp8_block_scales(const TensorRef& t) const { return nullptr; }
+  // A 2-D F8_E4M3 weight's scales, for loaders that keep its codes: the
+  // scale tensor (F32 or BF16, checked at open; nullptr: no scales, each
+  // code is its value) and the rows and columns one scale covers: 128 x 128
+  // blocks (DeepSeek-V3 `_scale_inv`, compressed-tensors "block"), 1 x C
+  // (per channel) or R x C (per tensor). nullopt for any other tensor.
+  struct Fp8Scales {
+    const TensorRef* scales = nullptr;
+    int64_t block_rows = 0, block_cols = 0;
+  };
+  virtual std::optional<Fp8Scales> fp8_scales(const TensorRef& t) const { return std::nullopt; }
   static constexpr int64_t kFp8ScaleBlock = 128;
 
   static int64_t row_length(const TensorRef& t) { return t.shape.empty() ? 1 : t.shape.back(); }

@@ -253,18 +253,34 @@ class Loader {
     return {};
   }
 
-  // An FP8 product: a part stored as F8_E4M3 with block scales keeps its
-  // codes and scales as they are (under tensor parallelism its rows are
-  // sliced anywhere, its columns at whole scale blocks); any other part (or
-  // one whose rows are permuted, or sliced inside a block) is read as FP32
-  // and quantized with 128x128 block amax scales (numerics/fp8_block.h).
-  // Scales become per row and per 128 columns, as the kernels read them.
+  // An FP8 product. When every part is stored as F8_E4M3 with the same
+  // column blocking (128-column blocks, or one scale across a row: per
+  // channel or per tensor), the codes and scales are kept as they are (under
+  // tensor parallelism rows are sliced anywhere, columns at whole blocks);
+  // otherwise (BF16, GGUF or INT4 parts, permuted rows, mixed blocking) every
+  // part is read as FP32 and quantized with 128x128 block amax scales
+  // (numerics/fp8_block.h). Scales become per row and per column group, as
+  // the kernels read them.
   Result<void> product_fp8(const std::vector<Part>& parts, int64_t cols, QMatrix& mq,
                            const std::function<void(size_t, std::vector<float>&)>& transform,
                            Keep cols_kept) {
     constexpr int64_t B = kFp8WeightBlock;
-    static_assert(B == TensorSource::kFp8ScaleBlock);
-    const int64_t kc = cols_kept.size(cols), ng = (kc + B - 1) / B;
+    const int64_t kc = cols_kept.size(cols);
+    std::vector<TensorSource::Fp8Scales> stored;
+    for (const Part& part : parts) {
+      const TensorRef* t = src_.find(part.name);
+      auto sc = t && !transform && t->shape == std::vector<int64_t>{part.rows, cols}
+                    ? src_.fp8_scales(*t)
+                    : std::nullopt;
+      if (!sc || (sc->block_cols < cols && (sc->block_cols != B || cols_kept.begin % B != 0)) ||
+          (!stored.empty() && std::min(sc->block_cols, cols) != std::min(stored[0].block_cols, cols))) {
+        stored.clear();
+        break;
+      }
+      stored.push_back(*sc);
+    }
+    const int64_t group = stored.empty() || stored[0].block_cols < cols ? B : kc;
+    const int64_t ng = (kc + group - 1) / group;
     int64_t rows = 0;
     for (auto& p : parts) rows += p.rows_kept.size(p.rows);
     std::vector<uint8_t> codes(size_t(rows * kc));
@@ -273,18 +289,21 @@ class Loader {
     for (size_t i = 0; i < parts.size(); ++i) {
       const Part& part = parts[i];
       const int64_t kr = part.rows_kept.size(part.rows);
-      const TensorRef* t = src_.find(part.name);
-      const TensorRef* st = t && !transform ? src_.fp8_block_scales(*t) : nullptr;
-      if (st && t->shape == std::vector<int64_t>{part.rows, cols} && cols_kept.begin % B == 0) {
-        std::vector<float> sv(size_t(st->numel()));
-        KV_TRY(src_.read_f32(*st, sv));
-        const int64_t sc = st->shape[1], g0 = cols_kept.begin / B;
+      if (!stored.empty()) {
+        const TensorRef& t = *src_.find(part.name);
+        const auto& sc = stored[i];
+        std::vector<float> sv(sc.scales ? size_t(sc.scales->numel()) : 1, 1.f);
+        if (sc.scales) KV_TRY(src_.read_f32(*sc.scales, sv));
+        const int64_t scols = (cols + sc.block_cols - 1) / sc.block_cols;
+        const int64_t g0 = cols_kept.begin / std::min(sc.block_cols, cols);
         for (int64_t r = 0; r < kr; ++r) {
           const int64_t src_row = part.rows_kept.begin + r;
-          std::memcpy(codes.data() + (row + r) * kc, t->data.data() + src_row * cols + cols_kept.begin,
+          std::memcpy(codes.data() + (row + r) * kc, t.data.data() + src_row * cols + cols_kept.begin,
                       size_t(kc));
+          const int64_t srow = sc.scales ? src_row / sc.block_rows : 0;
           for (int64_t g = 0; g < ng; ++g)
-            scales[size_t((row + r) * ng + g)] = sv[size_t((src_row / B) * sc + g0 + g)];
+            scales[size_t((row + r) * ng + g)] =
+                sc.scales ? sv[size_t(srow * scols + (scols == 1 ? 0 : g0 + g))] : 1.f;
         }
       } else {
         auto k = part_kept(i, part, cols, cols_kept, transform);
@@ -296,7 +315,7 @@ class Loader {
       }
       row += kr;
     }
-    mq.f8 = be_.prepare_fp8(codes.data(), scales.data(), rows, kc, B);
+    mq.f8 = be_.prepare_fp8(codes.data(), scales.data(), rows, kc, group);
     return {};
   }
 

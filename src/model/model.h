@@ -124,7 +124,7 @@ class Model {
   const ModelWeights& weight_set(int i) const { return sets_[size_t(i)]; }
   int prefill_set() const { return prefill_set_; }
   int decode_set() const { return decode_set_; }
-  // "bf16" or "int4" (or "mixed" when only some products are INT4), over
+  // "bf16", "int4" or "fp8" (or "mixed" when only some products are), over
   // every linear product of the set (for_each_linear).
   std::string set_precision(int i) const;
   // Bytes of a set's weights as held in memory (every product and the embedding).

@@ -21,6 +21,8 @@
 #include "model/config.h"
 #include "model/hf_export.h"
 #include "numerics/bf16.h"
+#include "numerics/fp8.h"
+#include "numerics/fp8_block.h"
 #include "numerics/int4_rtn.h"
 
 namespace kvant {
@@ -185,8 +187,9 @@ Result<std::vector<Item>> plan_items(const TensorSource& src, const QuantizeOpti
                                      InputConfig& in) {
   std::vector<Item> items;
   for (const auto& t : src.tensors()) {
-    if (!gguf && ends_with(t.name, "_scale_inv")) {
-      const auto* w = src.find(t.name.substr(0, t.name.size() - 10));
+    if (!gguf && (ends_with(t.name, "_scale_inv") || ends_with(t.name, ".weight_scale"))) {
+      const size_t cut = ends_with(t.name, "_scale_inv") ? 10 : 6;
+      const auto* w = src.find(t.name.substr(0, t.name.size() - cut));
       if (w && (w->dtype == DType::F8_E4M3 || w->dtype == DType::F8_E5M2))
         continue;  // applied on read
     }
@@ -235,7 +238,8 @@ std::vector<TensorSpec> plan_specs(std::vector<Item>& items, const QuantizeOptio
     // compressed-tensors read; strict_groups keeps such linears in BF16 for
     // engines whose kernels need whole groups. Columns must be a multiple
     // of 32 either way (kvant's INT4 kernels take 32 at a time).
-    if (q && it.shape[1] % o.group_size != 0 && (o.strict_groups || it.shape[1] % 32 != 0)) {
+    if (q && o.format == QuantFormat::kInt4 && it.shape[1] % o.group_size != 0 &&
+        (o.strict_groups || it.shape[1] % 32 != 0)) {
       add_warning(o, sum,
                   it.out + ": " + std::to_string(it.shape[1]) + " columns are not a multiple of " +
                       std::to_string(o.strict_groups ? o.group_size : 32) + "; kept in BF16");
@@ -243,6 +247,13 @@ std::vector<TensorSpec> plan_specs(std::vector<Item>& items, const QuantizeOptio
     }
     it.quantize = q;
     const std::string base = it.out.substr(0, it.out.size() - 7);  // without ".weight"
+    if (q && o.format == QuantFormat::kFp8) {
+      const int64_t B = kFp8WeightBlock;
+      specs.push_back({it.out, DType::F8_E4M3, it.shape});
+      specs.push_back({it.out + "_scale", DType::F32,
+                       {(it.shape[0] + B - 1) / B, (it.shape[1] + B - 1) / B}});
+      continue;
+    }
     if (q) {
       for (auto& s : int4_weight_specs(base, it.shape[0], it.shape[1], o.group_size, o.asymmetric))
         specs.push_back(s);
@@ -287,7 +298,25 @@ Result<void> write_tensors(const TensorSource& src, const std::vector<Item>& ite
     if (it.add != 0.f)
       for (auto& x : v) x += it.add;
     if (o.adjust) o.adjust(it.out, it.shape, v);
-    if (it.quantize) {
+    if (it.quantize && o.format == QuantFormat::kFp8) {
+      const int64_t R = it.shape[0], C = it.shape[1], B = kFp8WeightBlock;
+      std::vector<uint8_t> codes(size_t(R * C));
+      std::vector<float> scales(size_t(((R + B - 1) / B) * ((C + B - 1) / B)));
+      fp8_block_quantize(v.data(), R, C, B, codes.data(), scales.data());
+      KV_TRY(w.write(it.out, as_bytes(codes)));
+      KV_TRY(w.write(it.out + "_scale", as_bytes(scales)));
+      sum.quantized_int4_bytes += codes.size() + scales.size() * 4;
+      std::vector<float> back(v.size());
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c)
+          back[size_t(r * C + c)] = fp8_e4m3_to_f32(codes[size_t(r * C + c)]) *
+                                    scales[size_t((r / B) * ((C + B - 1) / B) + c / B)];
+      const QuantError qe = quant_error(v.data(), back.data(), int64_t(v.size()));
+      sum.max_rel_rms = std::max(sum.max_rel_rms, qe.rel_rms);
+      rel_rms_sum += qe.rel_rms;
+      sum.quantized_bf16_bytes += uint64_t(R * C) * 2;
+      ++sum.quantized_tensors;
+    } else if (it.quantize) {
       const Int4Weight q =
           rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size, o.asymmetric);
       const std::string base = it.out.substr(0, it.out.size() - 7);
@@ -343,6 +372,7 @@ nlohmann::json QuantizeSummary::to_json() const {
           {"quantized_tensors", quantized_tensors},
           {"kept_tensors", kept_tensors},
           {"quantized_bf16_bytes", quantized_bf16_bytes},
+          {"format", format},
           {"quantized_int4_bytes", quantized_int4_bytes},
           {"quantized_ratio", quantized_int4_bytes ? double(quantized_bf16_bytes) / double(quantized_int4_bytes) : 0.0},
           {"mean_rel_rms_error", mean_rel_rms},
@@ -395,8 +425,11 @@ Result<QuantizeSummary> quantize_checkpoint(const QuantizeOptions& o) {
   scheme.symmetric = !o.asymmetric;
   scheme.ignore = sum.ignore;
   // A checkpoint with nothing quantized (everything kept) is a plain BF16 one.
+  sum.format = o.format == QuantFormat::kFp8 ? "fp8" : "int4";
   if (sum.quantized_tensors > 0)
-    in.config["quantization_config"] = quantization_config_json(scheme);
+    in.config["quantization_config"] = o.format == QuantFormat::kFp8
+                                           ? fp8_quantization_config_json(sum.ignore)
+                                           : quantization_config_json(scheme);
   else
     in.config.erase("quantization_config");
   KV_TRY(write_text(fs::path(o.out) / "config.json", in.config.dump(2) + "\n"));

@@ -1,7 +1,9 @@
-// Whole-checkpoint INT4 quantization: reads a GGUF file or a Hugging Face
+// Whole-checkpoint quantization: reads a GGUF file or a Hugging Face
 // safetensors checkpoint (single, sharded, FP8 with block scales) and writes
 // a Hugging Face directory whose block linears are compressed-tensors
-// pack-quantized INT4 (docs/FORMATS.md, "INT4 weights"). Owns which tensors
+// pack-quantized INT4 (docs/FORMATS.md, "INT4 weights"), or float-quantized
+// FP8 e4m3 with 128x128 block scales (`<base>.weight` F8_E4M3 and
+// `<base>.weight_scale` F32, amax / 448 per block: numerics/fp8_block.h). Owns which tensors
 // are quantized, the output names, config.json and the tokenizer files; the
 // INT4 arithmetic is rtn.h, the file formats are io/. Option parsing and
 // printing are the CLI's (cli/cmd_quantize.cpp).
@@ -24,7 +26,10 @@
 
 namespace kvant {
 
+enum class QuantFormat : uint8_t { kInt4, kFp8 };
+
 struct QuantizeOptions {
+  QuantFormat format = QuantFormat::kInt4;
   std::string in;   // .gguf, .safetensors, index.json, or a Hugging Face directory
   std::string out;  // directory; created if absent
   int group_size = 128;
@@ -53,7 +58,9 @@ struct QuantizeSummary {
   int64_t quantized_tensors = 0;
   int64_t kept_tensors = 0;
   uint64_t quantized_bf16_bytes = 0;  // the quantized linears at 2 bytes per weight
-  uint64_t quantized_int4_bytes = 0;  // the same linears as packed + scales + zero points + shape
+  uint64_t quantized_int4_bytes = 0;  // the same linears as stored (INT4: packed + scales + zero
+                                      // points + shape; FP8: codes + block scales)
+  std::string format = "int4";        // "int4" or "fp8"
   double mean_rel_rms = 0;  // RMS(w - dequantized) / RMS(w), mean over the quantized tensors
   double max_rel_rms = 0;   // and the worst tensor
   std::vector<std::string> ignore;    // quantization_config's ignore list
