@@ -79,8 +79,8 @@ std::pair<std::string, std::string> phase_weights(const std::string& spec) {
 
 // A phase's precision name, checked.
 Result<std::string> precision(const std::string& s) {
-  if (s == "native" || s == "bf16" || s == "int4") return s;
-  return make_error("--weights: expected native, bf16, int4 or P/D, got '" + s + "'");
+  if (s == "native" || s == "bf16" || s == "fp8" || s == "int4") return s;
+  return make_error("--weights: expected native, bf16, fp8, int4 or P/D, got '" + s + "'");
 }
 
 int run_single(const BenchOpts& o, const std::string& wspec);
@@ -462,8 +462,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--concurrency", o.concurrency,
                   "batch mode through the engine: clients in a closed loop, e.g. 1,8,32,64");
   cmd->add_option("--weights", o.weights,
-                  "weight precisions to compare: native, bf16, int4, or P/D (prefill P, decode D), "
-                  "comma-separated, e.g. bf16,int4,bf16/int4");
+                  "weight precisions to compare: native, bf16, fp8, int4, or P/D (prefill P, "
+                  "decode D), comma-separated, e.g. bf16,fp8,int4,fp8/int4");
   cmd->add_option("--int4-group", o.int4_group,
                   "group size when int4 weights are quantized at load from a BF16/GGUF checkpoint")
       ->check(CLI::IsMember({32, 64, 128}));

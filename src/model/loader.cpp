@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <tuple>
 
 #include "backend/backend.h"
@@ -256,11 +257,11 @@ class Loader {
   // An FP8 product. When every part is stored as F8_E4M3 with the same
   // column blocking (128-column blocks, or one scale across a row: per
   // channel or per tensor), the codes and scales are kept as they are (under
-  // tensor parallelism rows are sliced anywhere, columns at whole blocks);
+  // tensor parallelism rows and columns are sliced anywhere even);
   // otherwise (BF16, GGUF or INT4 parts, permuted rows, mixed blocking) every
   // part is read as FP32 and quantized with 128x128 block amax scales
   // (numerics/fp8_block.h). Scales become per row and per column group, as
-  // the kernels read them.
+  // the kernels read them; a group never straddles two blocks.
   Result<void> product_fp8(const std::vector<Part>& parts, int64_t cols, QMatrix& mq,
                            const std::function<void(size_t, std::vector<float>&)>& transform,
                            Keep cols_kept) {
@@ -272,14 +273,20 @@ class Loader {
       auto sc = t && !transform && t->shape == std::vector<int64_t>{part.rows, cols}
                     ? src_.fp8_scales(*t)
                     : std::nullopt;
-      if (!sc || (sc->block_cols < cols && (sc->block_cols != B || cols_kept.begin % B != 0)) ||
+      if (!sc || (sc->block_cols < cols && (sc->block_cols != B || cols_kept.begin % 2 != 0)) ||
           (!stored.empty() && std::min(sc->block_cols, cols) != std::min(stored[0].block_cols, cols))) {
         stored.clear();
         break;
       }
       stored.push_back(*sc);
     }
-    const int64_t group = stored.empty() || stored[0].block_cols < cols ? B : kc;
+    // Kept columns that start inside a 128-column block (tensor parallelism
+    // in blocks smaller than 128) take groups of gcd(128, offset): every
+    // group then lies inside one stored block.
+    const int64_t off = cols_kept.begin % B;
+    const int64_t group = !stored.empty() && stored[0].block_cols >= cols ? kc
+                          : off == 0                                       ? B
+                                                                           : std::gcd(B, off);
     const int64_t ng = (kc + group - 1) / group;
     int64_t rows = 0;
     for (auto& p : parts) rows += p.rows_kept.size(p.rows);
@@ -295,7 +302,6 @@ class Loader {
         std::vector<float> sv(sc.scales ? size_t(sc.scales->numel()) : 1, 1.f);
         if (sc.scales) KV_TRY(src_.read_f32(*sc.scales, sv));
         const int64_t scols = (cols + sc.block_cols - 1) / sc.block_cols;
-        const int64_t g0 = cols_kept.begin / std::min(sc.block_cols, cols);
         for (int64_t r = 0; r < kr; ++r) {
           const int64_t src_row = part.rows_kept.begin + r;
           std::memcpy(codes.data() + (row + r) * kc, t.data.data() + src_row * cols + cols_kept.begin,
@@ -303,15 +309,33 @@ class Loader {
           const int64_t srow = sc.scales ? src_row / sc.block_rows : 0;
           for (int64_t g = 0; g < ng; ++g)
             scales[size_t((row + r) * ng + g)] =
-                sc.scales ? sv[size_t(srow * scols + (scols == 1 ? 0 : g0 + g))] : 1.f;
+                sc.scales ? sv[size_t(srow * scols + (scols == 1 ? 0 : (cols_kept.begin + g * group) / B))]
+                          : 1.f;
         }
       } else {
-        auto k = part_kept(i, part, cols, cols_kept, transform);
+        // Quantized in the part's own 128x128 blocks (whole blocks read,
+        // then the kept rows and columns taken), so that a rank's slice
+        // holds the codes and scales one process would.
+        const int64_t rb = part.rows_kept.begin, r0 = rb / B * B;
+        const int64_t r1 = std::min(part.rows, (part.rows_kept.stop(part.rows) + B - 1) / B * B);
+        const int64_t c0 = cols_kept.begin / B * B;
+        const int64_t c1 = std::min(cols, (cols_kept.stop(cols) + B - 1) / B * B);
+        Part whole = part;
+        whole.rows_kept = {r0, r1};
+        auto k = part_kept(i, whole, cols, Keep{c0, c1}, transform);
         if (!k) return k.error();
-        std::vector<float> ps(size_t((kr + B - 1) / B * ng));
-        fp8_block_quantize(k->data(), kr, kc, B, codes.data() + row * kc, ps.data());
-        for (int64_t r = 0; r < kr; ++r)
-          for (int64_t g = 0; g < ng; ++g) scales[size_t((row + r) * ng + g)] = ps[size_t((r / B) * ng + g)];
+        const int64_t er = r1 - r0, ec = c1 - c0, ebc = (ec + B - 1) / B;
+        std::vector<uint8_t> ecodes(size_t(er * ec));
+        std::vector<float> ps(size_t((er + B - 1) / B * ebc));
+        fp8_block_quantize(k->data(), er, ec, B, ecodes.data(), ps.data());
+        for (int64_t r = 0; r < kr; ++r) {
+          const int64_t er_row = rb - r0 + r;
+          std::memcpy(codes.data() + (row + r) * kc, ecodes.data() + er_row * ec + (cols_kept.begin - c0),
+                      size_t(kc));
+          for (int64_t g = 0; g < ng; ++g)
+            scales[size_t((row + r) * ng + g)] =
+                ps[size_t((er_row / B) * ebc + (cols_kept.begin + g * group - c0) / B)];
+        }
       }
       row += kr;
     }
@@ -649,6 +673,9 @@ Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& 
                          : WeightPrecision::kBf16;
   auto plan = dist::make_shard_plan(m.config, opts.tp, opts.tp_rank, opts.ep, opts.ep_rank,
                                     opts.shard_align);
+  if (!plan && opts.shard_align_fallback > 0)
+    plan = dist::make_shard_plan(m.config, opts.tp, opts.tp_rank, opts.ep, opts.ep_rank,
+                                 opts.shard_align_fallback);
   if (!plan) return make_error(files.path() + ": " + plan.error().message);
   m.shard = *plan;
   std::unique_ptr<backend::Backend> own;

@@ -38,6 +38,10 @@ struct WeightSetOptions {
   // LoadedModel::config stays the checkpoint's own.
   int tp = 1, tp_rank = 0, ep = 1, ep_rank = 0;
   int64_t shard_align = 128;
+  // When the model's sizes do not split in shard_align blocks, split in
+  // these instead (0: fail). FP8 checkpoints prefer whole 128-wide scale
+  // blocks (the codes are then kept as stored) but run in smaller ones.
+  int64_t shard_align_fallback = 0;
 };
 
 struct LoadedModel {

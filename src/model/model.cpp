@@ -152,7 +152,10 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
       so.shard_align = !any_int4 ? 16
                        : files.int4() ? std::max<int64_t>(128, opts.int4_group)
                                       : opts.int4_group;
-      if (any_fp8 && files.fp8()) so.shard_align = 128;
+      if (any_fp8 && files.fp8() && !any_int4) {
+        so.shard_align = 128;
+        so.shard_align_fallback = 16;
+      }
     }
     auto m = load_model(files, so);
     if (!m) return m.error();

@@ -13,7 +13,7 @@
 //    for bit);
 //  - batch invariance: each prompt alone gives bitwise what the batch gave;
 //  - run to run: the batch again gives bitwise the same.
-// Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4] MODEL...
+// Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4|fp8] MODEL...
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
 // when every check on rank 0 passed; a failing rank 0 still shuts the
 // followers down (its engine's destructor), so the job ends either way.
@@ -35,7 +35,7 @@ using namespace kvant;
 
 namespace {
 
-std::string decode_weights = "native";  // --decode-weights: the split-set form (int4)
+std::string decode_weights = "native";  // --decode-weights: the split-set form (int4 or fp8)
 
 struct Run {
   std::vector<std::vector<int32_t>> tokens;

@@ -107,10 +107,10 @@ TEST(ModelRunner, WeightSetsAreTheModelsForTheSameStrings) {
 TEST(ModelRunner, BadOptionsFailAtLoad) {
   RunnerOptions ro;
   ro.model_path = fixture("llama3");
-  ro.decode_weights = "fp8";
+  ro.decode_weights = "fp4";
   auto r = ModelRunner::load(ro);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("'fp8'"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("'fp4'"), std::string::npos) << r.error().message;
   ro.decode_weights = "native";
   ro.int4_group = 48;
   r = ModelRunner::load(ro);
