@@ -87,7 +87,6 @@ KernelTable make(Isa isa) {
       t.attn_weighted_sum_multi = avx512::attn_weighted_sum_multi;
       t.gemm_bf16 = avx512bf16::gemm_bf16;
       t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
-      t.gemm_f8 = avx512bf16::gemm_f8;
       t.gemm_q4 = avx512vnni::gemm_q4;  // Avx512Bf16 implies VNNI
       t.peak_probe = avx512bf16::peak_probe;
       t.peak_flops_per_iter = avx512bf16::kPeakFlopsPerIter;

@@ -2,8 +2,8 @@
 // gemm_tiling.h it holds no intrinsics: each ISA folder includes it with a
 // traits class and compiles it with its own flags; internal linkage only.
 //
-// Units of kU output rows (one SIMD vector of accumulators: 16 rows for
-// AVX-512, 8 for AVX2; a P16 panel holds 16 / kU units). For each block of
+// Units of kU output rows (16 rows in two vectors for AVX-512, 4 rows in
+// one for AVX2; a P16 panel holds 16 / kU units). For each block of
 // kBlockRows output rows, for each strip of x rows, the micro-kernel sweeps
 // the block's units NU at a time: per scale group it decodes each unit's
 // codes of a column pair once, feeds all MR rows of x, and at the group's
@@ -14,7 +14,7 @@
 // Traits T supply: kU, kBlockRows (multiple of 16), Acc, WV (a unit's decoded
 // pair), XV (a broadcast x pair); zero() -> Acc; xv(uint32_t bits of
 // (x[2q], x[2q+1])) -> XV; decode<kNan>(const uint8_t* unit's 2*kU codes) ->
-// WV; dot(Acc, XV, WV) -> Acc (even column, then odd, as the ISA defines);
+// WV; dot(Acc, XV, WV) -> Acc (lane-wise acc + x * w, exact products);
 // finish(Acc, const float* scales of the unit, float* y row, jbase, jlo, jhi,
 // bool first); and strip<kNan>(rows, ...) choosing tile shapes (below).
 #pragma once

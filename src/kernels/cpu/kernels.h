@@ -243,13 +243,14 @@ struct KernelTable {
 
   // FP8 weights x BF16 activations (x as gemm_bf16 reads it, k even), for
   // i in [0, m), j in [n0, n1), n0 a multiple of 16:
-  //   y = 0; for each group g (in order): acc = 0;
-  //     for each column c of g (in order): acc += x[i, c] * e4m3(code[j, c])
-  //     y = fma(acc, s[j, g], y)
-  // Products are exact in FP32 (8-bit by 4-bit significands), so the
-  // scalar and FP32-FMA ISAs give the reference bits; Avx512Bf16 sums each
-  // column pair as VDPBF16PS does (its order, denormal flushing) within the
-  // same group structure. Batch invariant on every ISA. NaN codes decode to
+  //   y = 0; for each group g (in order): e = o = 0;
+  //     for each column c of g (in order): (c even ? e : o) += x[i, c] * e4m3(code[j, c])
+  //     y = fma(e + o, s[j, g], y)
+  // Products are exact in FP32 (8-bit by 4-bit significands), so every ISA
+  // gives the reference bits (SIMD lanes hold a row's even and odd columns
+  // side by side, as the codes lie). Avx512Bf16 takes the Avx512 kernel:
+  // decoding to FP32 and FMAs beat VDPBF16PS here (it would need the codes
+  // narrowed to BF16 pairs too). Batch invariant. NaN codes decode to
   // NaN (W.nan_codes must be set when any is present), subnormal codes exactly.
   // SIMD ISAs decode a code c as the FP16 value with bits
   // ((int8(c) << 7) & 0xbf80) = e4m3(c) * 2^-8 and fold 2^8 into the scale,

@@ -1,6 +1,7 @@
 // Scalar reference FP8-weight GEMM: the oracle every SIMD gemm_f8 is tested
 // against. Codes decode exactly (numerics/fp8.h); a BF16 x e4m3 product is
-// exact in FP32, so only the additions and the per-group scaling round.
+// exact in FP32, so only the additions and the per-group scaling round. Even
+// and odd columns are summed apart, as the SIMD kernels' lanes hold them.
 #include <algorithm>
 #include <cmath>
 
@@ -22,11 +23,11 @@ void gemm_f8(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y, int64
       const float* sc = W.scales + (j / 16) * groups * 16 + j % 16;
       float out = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
-        float acc = 0.f;
+        float acc[2] = {0.f, 0.f};  // even and odd columns
         const int64_t c1 = std::min(W.k, (g + 1) * W.group);
         for (int64_t c = g * W.group; c < c1; ++c)
-          acc += kvant::bf16_to_f32(xi[c]) * dec[pw[(c / 2) * 32 + (c & 1)]];
-        out = std::fma(acc, sc[g * 16], out);
+          acc[c & 1] += kvant::bf16_to_f32(xi[c]) * dec[pw[(c / 2) * 32 + (c & 1)]];
+        out = std::fma(acc[0] + acc[1], sc[g * 16], out);
       }
       y[i * ldy + j] = out;
     }
