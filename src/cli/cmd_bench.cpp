@@ -207,27 +207,33 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   }
   const double share_min = *std::min_element(shares.begin(), shares.end());
   if (rank != 0) return 0;
+  // Both sets stay resident when the phases differ.
+  const size_t pre_bytes = model.set_bytes(model.prefill_set()),
+               dec_bytes = model.set_bytes(model.decode_set());
+  const size_t resident = model.prefill_set() == model.decode_set() ? dec_bytes : pre_bytes + dec_bytes;
   if (o.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
         "\"tp\": %d, \"ep\": %d, \"decode_comm_share\": %.4f, "
         "\"decode_comm_share_ranks\": %s, \"decode_comm_share_min\": %.4f, %s"
         "\"weights\": \"%s\", \"prefill_weights\": \"%s\", \"decode_weights\": \"%s\", "
-        "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+        "\"int4_group\": %d, \"int4_lm_head\": %s, \"weight_bytes\": %zu, \"prefill_weight_bytes\": %zu, "
+        "\"resident_weight_bytes\": %zu, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
         "\"reps\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"load_s\": %.3f}\n",
         o.model.c_str(), c.arch_name.c_str(), num_threads(), isa, o.tp, o.ep,
         tg_sum > 0 ? tg_comm / tg_sum : 0.0, shares_json.c_str(), share_min, split_json.c_str(), wspec.c_str(),
         model.set_precision(model.prefill_set()).c_str(),
         model.set_precision(model.decode_set()).c_str(), o.int4_group,
-        o.int4_lm_head ? "true" : "false", model.set_bytes(model.decode_set()), o.prompt_tokens, o.gen_tokens, o.reps, pp_s, tg_s,
+        o.int4_lm_head ? "true" : "false", dec_bytes, pre_bytes, resident, o.prompt_tokens,
+        o.gen_tokens, o.reps, pp_s, tg_s,
         load_s);
   } else {
-    std::printf("model %s (%s), %d threads, %s kernels, weights: prefill %s, decode %s "
-                "(%.1f MiB), load %.2f s\n",
+    std::printf("model %s (%s), %d threads, %s kernels, weights: prefill %s (%.1f MiB), decode "
+                "%s (%.1f MiB), %.1f MiB resident, load %.2f s\n",
                 o.model.c_str(), c.arch_name.c_str(), num_threads(), isa,
-                model.set_precision(model.prefill_set()).c_str(),
-                model.set_precision(model.decode_set()).c_str(),
-                double(model.set_bytes(model.decode_set())) / (1 << 20), load_s);
+                model.set_precision(model.prefill_set()).c_str(), double(pre_bytes) / (1 << 20),
+                model.set_precision(model.decode_set()).c_str(), double(dec_bytes) / (1 << 20),
+                double(resident) / (1 << 20), load_s);
     std::printf("prefill pp%d: %.1f tok/s\ndecode tg%d: %.1f tok/s\n", o.prompt_tokens, pp_s,
                 o.gen_tokens, tg_s);
     if (ro.comm)

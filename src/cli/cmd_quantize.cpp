@@ -20,7 +20,9 @@ namespace {
 struct QuantizeCliOpts {
   std::string in, out, method = "rtn", calib, format = "int4";
   int group_size = 128;
-  bool asym = false, quantize_lm_head = false, json = false, strict_groups = false;
+  bool asym = false, quantize_lm_head = false, json = false, strict_groups = false,
+       act_order = false;
+  double damp = 0.01;
   int64_t calib_tokens = 4096, calib_rows = 256;
   std::vector<std::string> keep;
   int threads = 0;
@@ -38,18 +40,22 @@ std::string mb(uint64_t b) {
 }
 
 int run_quantize(const QuantizeCliOpts& c) {
-  if (c.method != "rtn" && c.method != "awq")
-    return fail("--method must be rtn or awq, got '" + c.method + "'");
-  if (c.method == "awq" && c.calib.empty()) return fail("--method awq needs --calib TEXTFILE");
+  if (c.method != "rtn" && c.method != "awq" && c.method != "gptq" && c.method != "awq+gptq")
+    return fail("--method must be rtn, awq, gptq or awq+gptq, got '" + c.method + "'");
+  const bool awq = c.method == "awq" || c.method == "awq+gptq";
+  const bool gptq = c.method == "gptq" || c.method == "awq+gptq";
+  if ((awq || gptq) && c.calib.empty())
+    return fail("--method " + c.method + " needs --calib TEXTFILE");
+  if (c.act_order && !gptq) return fail("--act-order is a GPTQ option (--method gptq)");
   const bool fp8 = c.format == "fp8";
   if (fp8 && (c.method != "rtn" || c.asym || c.strict_groups))
     return fail("--format fp8 takes 128x128 block scales (amax / 448): --method, --asym and "
                 "--strict-groups are INT4 options");
   set_num_threads(c.threads);
   QuantizePipelineOptions p;
-  if (c.method == "awq") {
-    // The calibration text's tokens; the scales come from the BF16 model on
-    // them (quant/awq_plan.h).
+  if (awq || gptq) {
+    // The calibration text's tokens; the scales and Hessians come from the
+    // BF16 model on them (quant/awq_plan.h, quant/gptq_plan.h).
     std::ifstream f(c.calib, std::ios::binary);
     if (!f) return fail("cannot open " + c.calib);
     std::stringstream ss;
@@ -58,7 +64,10 @@ int run_quantize(const QuantizeCliOpts& c) {
     if (!tok) return fail(tok.error().message);
     auto ids = (*tok)->encode(ss.str(), false, false);
     if (int64_t(ids.size()) > c.calib_tokens) ids.resize(size_t(c.calib_tokens));
-    p.awq = true;
+    p.awq = awq;
+    p.gptq = gptq;
+    p.gptq_damp = c.damp;
+    p.gptq_act_order = c.act_order;
     p.calib_tokens = std::move(ids);
     p.calib_source = c.calib;
     p.calib_rows = c.calib_rows;
@@ -123,9 +132,16 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("--group-size", o.group_size, "weights per scale: 32, 64 or 128")
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_flag("--asym", o.asym, "asymmetric groups (a zero point per group)");
-  cmd->add_option("--method", o.method, "rtn (default) or awq");
-  cmd->add_option("--calib", o.calib, "calibration text file (awq)");
-  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (awq)")
+  cmd->add_option("--method", o.method,
+                  "rtn (default), awq (activation-aware scales), gptq (error-compensating "
+                  "rounding against calibration Hessians) or awq+gptq");
+  cmd->add_option("--calib", o.calib, "calibration text file (awq, gptq)");
+  cmd->add_option("--damp", o.damp, "gptq: dampening, a share of the Hessian's mean diagonal")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--act-order", o.act_order,
+                "gptq: columns in order of decreasing activation energy (group scales from the "
+                "original weights, so the checkpoint needs no group index)");
+  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (awq, gptq)")
       ->check(CLI::Range(64, 1 << 24));
   cmd->add_option("--calib-rows", o.calib_rows, "input rows per product in the scale search (awq)")
       ->check(CLI::Range(16, 1 << 16));

@@ -15,34 +15,33 @@ namespace {
 inline float to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 inline int clamp4(float x) { return int(std::clamp(x, -8.f, 7.f)); }
 
-void quantize_group_sym(const float* w, int n, int8_t* q, float* scale) {
-  float m = 0;
-  for (int i = 0; i < n; ++i)
-    if (std::fabs(w[i]) > std::fabs(m)) m = w[i];
-  const float d0 = m / -8.f, d = to_bf16(d0);
-  *scale = d;
-  for (int i = 0; i < n; ++i) q[i] = d == 0.f ? 0 : int8_t(clamp4(std::floor(w[i] / d0 + 0.5f)));
-}
+}  // namespace
 
-void quantize_group_asym(const float* w, int n, int8_t* q, float* scale, int8_t* zero) {
+Int4GroupParams int4_group_params(const float* w, int n, bool asym) {
+  Int4GroupParams p;
+  if (!asym) {
+    float m = 0;
+    for (int i = 0; i < n; ++i)
+      if (std::fabs(w[i]) > std::fabs(m)) m = w[i];
+    p.div = m / -8.f;
+    p.scale = to_bf16(p.div);
+    return p;
+  }
   float lo = 0, hi = 0;
   for (int i = 0; i < n; ++i) {
     lo = std::min(lo, w[i]);
     hi = std::max(hi, w[i]);
   }
-  const float s = to_bf16((hi - lo) / 15.f);
-  *scale = s;
-  if (s == 0.f) {
-    *zero = 0;
-    for (int i = 0; i < n; ++i) q[i] = 0;
-    return;
-  }
-  const int z = clamp4(std::nearbyint(-lo / s) - 8.f);
-  *zero = int8_t(z);
-  for (int i = 0; i < n; ++i) q[i] = int8_t(clamp4(std::nearbyint(w[i] / s) + float(z)));
+  p.scale = p.div = to_bf16((hi - lo) / 15.f);
+  if (p.scale != 0.f) p.zero = int8_t(clamp4(std::nearbyint(-lo / p.scale) - 8.f));
+  return p;
 }
 
-}  // namespace
+int8_t int4_code(float w, const Int4GroupParams& p, bool asym) {
+  if (p.scale == 0.f) return asym ? p.zero : 0;
+  if (!asym) return int8_t(clamp4(std::floor(w / p.div + 0.5f)));
+  return int8_t(clamp4(std::nearbyint(w / p.div) + float(p.zero)));
+}
 
 Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, bool asym) {
   KV_CHECK(group > 0);
@@ -62,10 +61,10 @@ Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, b
       for (int64_t g = 0; g < groups; ++g) {
         const size_t off = size_t(row * cols + g * group), gi = size_t(row * groups + g);
         const int n = int(std::min<int64_t>(group, cols - g * group));
-        if (asym)
-          quantize_group_asym(w + off, n, r.q.data() + off, &r.scale[gi], &r.zero[gi]);
-        else
-          quantize_group_sym(w + off, n, r.q.data() + off, &r.scale[gi]);
+        const Int4GroupParams p = int4_group_params(w + off, n, asym);
+        r.scale[gi] = p.scale;
+        if (asym) r.zero[gi] = p.zero;
+        for (int i = 0; i < n; ++i) r.q[off + size_t(i)] = int4_code(w[off + size_t(i)], p, asym);
       }
   });
   return r;

@@ -31,6 +31,17 @@
 
 namespace kvant {
 
+// One group's parameters under the rules above, and one value's code under
+// them: rtn_quantize is these two per group; GPTQ (quant/gptq.h) takes the
+// parameters of a group once and then rounds its columns one at a time.
+struct Int4GroupParams {
+  float scale = 0;  // stored (BF16-representable)
+  float div = 0;    // w / div is rounded: d0 (symmetric) or the scale
+  int8_t zero = 0;  // 0 when symmetric
+};
+Int4GroupParams int4_group_params(const float* w, int n, bool asym);
+int8_t int4_code(float w, const Int4GroupParams& p, bool asym);
+
 // `w` is row-major [rows, cols]; when group does not divide cols the last
 // group of each row is short (ceil(cols / group) scales per row).
 // Rows are split over the OpenMP threads.

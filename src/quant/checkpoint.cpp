@@ -317,8 +317,15 @@ Result<void> write_tensors(const TensorSource& src, const std::vector<Item>& ite
       sum.quantized_bf16_bytes += uint64_t(R * C) * 2;
       ++sum.quantized_tensors;
     } else if (it.quantize) {
-      const Int4Weight q =
-          rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size, o.asymmetric);
+      std::optional<Int4Weight> custom;
+      if (o.quantize_int4) {
+        auto c = o.quantize_int4(it.out, it.shape, v);
+        if (!c) return c.error();
+        custom = std::move(*c);
+      }
+      const Int4Weight q = custom ? std::move(*custom)
+                                  : rtn_quantize(v.data(), it.shape[0], it.shape[1], o.group_size,
+                                                 o.asymmetric);
       const std::string base = it.out.substr(0, it.out.size() - 7);
       for (const auto& td : int4_weight_tensors(base, q)) {
         KV_TRY(w.write(td.spec.name, td.bytes));

@@ -18,11 +18,13 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/result.h"
 #include "io/safetensors_writer.h"
+#include "numerics/int4.h"
 
 namespace kvant {
 
@@ -47,6 +49,12 @@ struct QuantizeOptions {
   std::function<void(const std::string& name, const std::vector<int64_t>& shape,
                      std::vector<float>& values)>
       adjust;
+  // INT4 only: quantizes one tensor (values as written, after `adjust`) in
+  // place of RTN, or returns nullopt to leave it to RTN (GPTQ: gptq_plan.h).
+  std::function<Result<std::optional<Int4Weight>>(const std::string& name,
+                                                  const std::vector<int64_t>& shape,
+                                                  const std::vector<float>& values)>
+      quantize_int4;
   // Called before each tensor is converted (i counts from 1) and for warnings.
   std::function<void(size_t i, size_t n, const std::string& name, bool quantized)> progress;
   std::function<void(const std::string&)> warn;

@@ -2,6 +2,7 @@
 
 #include "model/model.h"
 #include "quant/awq_plan.h"
+#include "quant/gptq_plan.h"
 
 namespace kvant {
 
@@ -25,6 +26,21 @@ Result<AwqPlan> plan_awq(const QuantizePipelineOptions& o) {
   return p;
 }
 
+// Hessians from the BF16 model on the calibration tokens.
+Result<GptqPlan> plan_gptq(const QuantizePipelineOptions& o) {
+  auto m = Model::load(o.checkpoint.in, {WeightPrecision::kBf16, WeightPrecision::kBf16});
+  if (!m) return m.error();
+  if (o.log)
+    o.log("gptq: " + std::to_string(o.calib_tokens.size()) + " calibration tokens from " +
+          o.calib_source + ", accumulating Hessians...");
+  GptqOptions g;
+  g.group = o.checkpoint.group_size;
+  g.asym = o.checkpoint.asymmetric;
+  g.damp = o.gptq_damp;
+  g.act_order = o.gptq_act_order;
+  return gptq_plan(**m, o.calib_tokens, o.calib_chunk, g);
+}
+
 }  // namespace
 
 Result<QuantizeSummary> quantize_model(const QuantizePipelineOptions& o) {
@@ -36,6 +52,19 @@ Result<QuantizeSummary> quantize_model(const QuantizePipelineOptions& o) {
     plan = std::move(*p);
     q.adjust = [&plan](const std::string& name, const std::vector<int64_t>& shape,
                        std::vector<float>& v) { plan.apply(name, shape, v); };
+  }
+  GptqPlan gplan;
+  if (o.gptq) {
+    auto p = plan_gptq(o);
+    if (!p) return p.error();
+    gplan = std::move(*p);
+    if (o.awq) gplan.col_mul = &plan.col_mul;
+    q.quantize_int4 = [&gplan, &o](const std::string& name, const std::vector<int64_t>& shape,
+                                   const std::vector<float>& v) {
+      auto r = gplan.quantize(name, shape, v);
+      if (r && *r && o.log) o.log("gptq: " + gplan.report.back());
+      return r;
+    };
   }
   return quantize_checkpoint(q);
 }

@@ -1,6 +1,8 @@
 // `kvant quantize`'s pipeline: RTN, or activation-aware (AWQ) scales searched
 // on the checkpoint's BF16 model over calibration tokens (awq_plan.h) and
-// folded into the weights as the INT4 checkpoint is written (checkpoint.h).
+// folded into the weights as the INT4 checkpoint is written (checkpoint.h),
+// and/or GPTQ rounding against the Hessians of the same model's product
+// inputs (gptq_plan.h).
 // The CLI parses options, tokenizes the calibration text and prints; this
 // loads the model and runs the rest.
 #pragma once
@@ -17,14 +19,18 @@ namespace kvant {
 
 struct QuantizePipelineOptions {
   QuantizeOptions checkpoint;  // in, out, group, asymmetry, ...; AWQ sets its `adjust`
-  bool awq = false;            // else plain RTN
-  // AWQ: the calibration tokens, run in chunks of calib_chunk, with up to
-  // calib_rows input rows per product kept for the scale search.
+  bool awq = false;            // activation-aware scales
+  bool gptq = false;           // GPTQ rounding (with or without AWQ scales); else RTN
+  double gptq_damp = 0.01;
+  bool gptq_act_order = false;
+  // AWQ / GPTQ: the calibration tokens, run in chunks of calib_chunk; AWQ
+  // keeps up to calib_rows input rows per product for its scale search,
+  // GPTQ accumulates every row into the products' Hessians.
   std::vector<int32_t> calib_tokens;
   std::string calib_source;  // what they came from, for the log
   int64_t calib_chunk = 512;
   int64_t calib_rows = 256;
-  // AWQ's progress and per-product report, one line at a time ("awq: ...").
+  // AWQ's and GPTQ's progress and per-product report, one line at a time.
   std::function<void(const std::string&)> log;
 };
 
