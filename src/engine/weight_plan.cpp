@@ -155,7 +155,8 @@ WeightPolicyBytes policy_bytes(const std::vector<WeightGroup>& groups, const Wei
 }
 
 // The checkpoint's own policy, from its quantization_config: FP8 blocks,
-// compressed-tensors INT4 with its ignore list, or BF16 when there is none.
+// compressed-tensors INT4 or FP8 with its ignore list, or BF16 when there is
+// none.
 // Any other quant_method is an error.
 Result<WeightPolicy> native_policy(const json& config, const Fields& c,
                                    const std::vector<WeightGroup>& groups) {
@@ -182,16 +183,37 @@ Result<WeightPolicy> native_policy(const json& config, const Fields& c,
   } else if (q && q->is_object() &&
              q->value("quant_method", std::string()) == "compressed-tensors") {
     int group = 32;
-    bool int4 = false;
+    bool int4 = false, fp8 = false;
     if (q->contains("config_groups") && (*q)["config_groups"].is_object())
-      for (const auto& [k, grp] : (*q)["config_groups"].items())
-        if (grp.contains("weights") && grp["weights"].value("num_bits", 0) == 4) {
+      for (const auto& [k, grp] : (*q)["config_groups"].items()) {
+        if (!grp.contains("weights") || !grp["weights"].is_object()) continue;
+        const json& w = grp["weights"];
+        if (w.value("num_bits", 0) == 4) {
           int4 = true;
-          group = grp["weights"].value("group_size", 32);
+          group = w.contains("group_size") && w["group_size"].is_number_integer()
+                      ? w["group_size"].get<int>()
+                      : 32;
+        } else if (w.value("num_bits", 0) == 8 && w.value("type", std::string()) == "float") {
+          fp8 = true;
         }
-    if (!int4) return make_error("config.json: compressed-tensors config without 4-bit weights");
+      }
     const json none = json::array();
     const json& ignore = q->contains("ignore") ? (*q)["ignore"] : none;
+    if (fp8 && !int4) {
+      // float-quantized: e4m3 codes; scales per block, channel or tensor
+      // (sized here as 128x128 blocks, within a fraction of a percent).
+      native = make_policy(groups, "native",
+                           "compressed-tensors FP8 e4m3 where the ignore list allows (the "
+                           "checkpoint's quantization_config); the rest BF16",
+                           [&](const WeightGroup& g) {
+                             return g.linear && !matches(g.module, ignore, false)
+                                        ? WeightFormat::kFp8Block
+                                        : WeightFormat::kBf16;
+                           });
+      return native;
+    }
+    if (!int4)
+      return make_error("config.json: compressed-tensors config without 4-bit int or 8-bit float weights");
     native = make_policy(groups, "native",
                          "compressed-tensors INT4 group " + std::to_string(group) +
                              " where the ignore list allows (the checkpoint's "

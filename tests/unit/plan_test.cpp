@@ -192,6 +192,17 @@ TEST(PlanWeights, Glm52) {
   EXPECT_NEAR(policy(w, "int4").bytes / double(kGiB), 421.0, 0.5);
 }
 
+TEST(PlanWeights, CompressedTensorsFp8IsNativeFp8) {
+  // A compressed-tensors float-quantized checkpoint (kvant quantize --format
+  // fp8 writes one): native = FP8 on every linear the ignore list allows.
+  auto cfg = read_json_file(std::string(KVANT_FIXTURES) + "/fp8/ct_qwen3/config.json");
+  ASSERT_TRUE(cfg.ok());
+  auto w = weight_plan_from_config(*cfg);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  EXPECT_EQ(policy(*w, "native").bytes, policy(*w, "fp8").bytes);
+  EXPECT_LT(policy(*w, "native").bytes, policy(*w, "bf16").bytes);
+}
+
 TEST(PlanCapacity, TensorParallelSplitsHeadsButReplicatesLatent) {
   json cfg = smollm2_config();
   cfg["num_attention_heads"] = 32;
