@@ -6,7 +6,7 @@
 
 #include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
-#include "model/seq_kv.h"
+#include "quant/calibration.h"
 
 namespace kvant {
 
@@ -32,38 +32,23 @@ void AwqPlan::apply(const std::string& name, const std::vector<int64_t>& shape,
 Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t chunk,
                          int64_t sample_rows, const AwqOptions& o) {
   const ModelConfig& c = model.config();
-  chunk = std::min<int64_t>(chunk, c.max_positions);
-  const int64_t n_chunks = int64_t(tokens.size()) / chunk;
-  if (n_chunks <= 0)
-    return make_error("awq: the calibration text has " + std::to_string(tokens.size()) +
-                      " tokens, fewer than one chunk of " + std::to_string(chunk));
-  const int64_t total = n_chunks * chunk;
+  const int64_t ch = std::max<int64_t>(1, std::min<int64_t>(chunk, c.max_positions));
+  const int64_t total = int64_t(tokens.size()) / ch * ch;  // the rows run_calibration feeds
   const int64_t stride = std::max<int64_t>(1, total / sample_rows);
   // Captured rows per (layer, product): 0 q|k|v (hidden), 2 gate|up (hidden), 3 down (ffn).
   std::vector<std::vector<float>> cap(size_t(c.layers * 4));
   int64_t row_base = 0;  // index of the chunk's first token among all calibration tokens
-  model.set_observer([&](int64_t l, int which, const float* x, int64_t ldx, int64_t rows) {
+  auto observe = [&](int64_t l, int which, const float* x, int64_t ldx, int64_t rows) {
     if (which == 1) return;
     const int64_t cols = which == 3 ? c.ffn : c.hidden;
     auto& dst = cap[size_t(l * 4 + which)];
     for (int64_t r = 0; r < rows; ++r)
       if ((row_base + r) % stride == 0 && int64_t(dst.size()) / cols < sample_rows)
         dst.insert(dst.end(), x + r * ldx, x + r * ldx + cols);
-  });
-  std::vector<float> logits(size_t(c.vocab));
-  for (int64_t k = 0; k < n_chunks; ++k) {
-    SeqKv kv(c, chunk);
-    Batch b;
-    b.tokens.assign(tokens.begin() + k * chunk, tokens.begin() + (k + 1) * chunk);
-    b.seqs.push_back({&kv, 0, chunk, false});
-    row_base = k * chunk;
-    auto r = model.forward(b, logits);
-    if (!r) {
-      model.set_observer({});
-      return r.error();
-    }
-  }
-  model.set_observer({});
+  };
+  auto seen = run_calibration(model, tokens, chunk, "awq", observe,
+                              [&](int64_t k, int64_t n) { row_base = k * n; });
+  if (!seen) return seen.error();
 
   AwqPlan plan;
   plan.norm_plus_one = c.arch->hf_norm_plus_one;

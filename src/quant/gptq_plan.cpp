@@ -8,7 +8,7 @@
 #include "kernels/cpu/kernels.h"
 #include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
-#include "model/seq_kv.h"
+#include "quant/calibration.h"
 
 namespace kvant {
 
@@ -20,11 +20,6 @@ Result<GptqPlan> gptq_plan(Model& model, std::span<const int32_t> tokens, int64_
       return make_error("gptq: layer " + std::to_string(l) +
                         " is not a dense attention + MLP layer; GPTQ covers dense models so far "
                         "(use --method rtn)");
-  chunk = std::min<int64_t>(chunk, c.max_positions);
-  const int64_t n_chunks = int64_t(tokens.size()) / chunk;
-  if (n_chunks <= 0)
-    return make_error("gptq: the calibration text has " + std::to_string(tokens.size()) +
-                      " tokens, fewer than one chunk of " + std::to_string(chunk));
   GptqPlan plan;
   plan.opts = o;
   const int64_t width[4] = {c.hidden, c.q_dim(), c.hidden, c.ffn};
@@ -36,7 +31,7 @@ Result<GptqPlan> gptq_plan(Model& model, std::span<const int32_t> tokens, int64_
   AlignedBuffer<float> tmp;
   // X^T X of each chunk's rows (BF16 inputs: exact products, FP32 sums),
   // added into the layer's accumulator.
-  model.set_observer([&](int64_t l, int which, const float* x, int64_t ldx, int64_t rows) {
+  auto observe = [&](int64_t l, int which, const float* x, int64_t ldx, int64_t rows) {
     const int64_t d = width[which];
     if (int64_t(xt.size()) < d * rows) xt = AlignedBuffer<uint16_t>(size_t(d * rows));
     if (int64_t(tmp.size()) < d * d) tmp = AlignedBuffer<float>(size_t(d * d));
@@ -48,21 +43,10 @@ Result<GptqPlan> gptq_plan(Model& model, std::span<const int32_t> tokens, int64_
     K.gemm_bf16(xt.data(), rows, xt.data(), rows, tmp.data(), d, d, 0, d);
     auto& a = acc[size_t(l * 4 + which)];
     for (int64_t i = 0; i < d * d; ++i) a[size_t(i)] += tmp[size_t(i)];
-  });
-  std::vector<float> logits(size_t(c.vocab));
-  for (int64_t k = 0; k < n_chunks; ++k) {
-    SeqKv kv(c, chunk);
-    Batch b;
-    b.tokens.assign(tokens.begin() + k * chunk, tokens.begin() + (k + 1) * chunk);
-    b.seqs.push_back({&kv, 0, chunk, false});
-    auto r = model.forward(b, logits);
-    if (!r) {
-      model.set_observer({});
-      return r.error();
-    }
-  }
-  model.set_observer({});
-  plan.rows_seen = n_chunks * chunk;
+  };
+  auto seen = run_calibration(model, tokens, chunk, "gptq", observe);
+  if (!seen) return seen.error();
+  plan.rows_seen = *seen;
   plan.hessian.resize(acc.size());
   for (size_t i = 0; i < acc.size(); ++i) {
     plan.hessian[i].assign(acc[i].begin(), acc[i].end());

@@ -33,13 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<float> read_f32(const std::string& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4));
-  EXPECT_TRUE(bool(f)) << path;
-  return v;
-}
+using test::read_f32;
 
 // max |got - ref| as a fraction of the reference logits' standard deviation.
 double rel_max_diff(const std::vector<float>& got, const std::vector<float>& ref) {

@@ -30,13 +30,7 @@ namespace fs = std::filesystem;
 
 using test::golden_ids;
 
-std::vector<float> read_f32(const std::string& path, size_t n) {
-  std::vector<float> v(n);
-  std::ifstream f(path, std::ios::binary);
-  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4));
-  EXPECT_TRUE(bool(f)) << path;
-  return v;
-}
+using test::read_f32;
 
 std::vector<float> run(Model& m, const std::vector<int32_t>& ids) {
   return test::run_chunked(m, ids, int64_t(ids.size()));

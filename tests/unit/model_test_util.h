@@ -42,6 +42,15 @@ inline std::vector<int32_t> golden_ids(const std::string& name) {
   return nlohmann::json::parse(f)["ids"].get<std::vector<int32_t>>();
 }
 
+// n little-endian FP32 values from a fixture file (logits).
+inline std::vector<float> read_f32(const std::string& path, size_t n) {
+  std::vector<float> v(n);
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4));
+  EXPECT_TRUE(bool(f)) << path;
+  return v;
+}
+
 // Mean over rows of KL(softmax(ref) || softmax(got)).
 inline double mean_kl(const std::vector<float>& ref, const std::vector<float>& got, int64_t vocab) {
   const int64_t rows = int64_t(ref.size()) / vocab;

@@ -222,9 +222,7 @@ void CpuBackend::linear(CF32 x, LinearRef w, F32 y) {
 // tile's strips).
 void CpuBackend::linear_fp8(CF32 x, const F8Matrix& W, F32 y) {
   const int64_t m = x.rows, k = W.cols;
-  if (m * k > int64_t(xb_.size())) xb_ = AlignedBuffer<uint16_t>(size_t(m * k));
-  for (int64_t r = 0; r < m; ++r) K_.f32_to_bf16(x.row(r), xb_.data() + r * k, k);
-  const uint16_t* xb = xb_.data();
+  const uint16_t* xb = rows_bf16(x, k);
   const kernels::F8Weights w{W.w.data(), W.scales.data(), W.rows, W.cols, W.group, W.nan_codes};
   constexpr int64_t kTile = 64;
   pfor(W.rows, 64, [&](int64_t n0, int64_t n1) {
@@ -233,13 +231,18 @@ void CpuBackend::linear_fp8(CF32 x, const F8Matrix& W, F32 y) {
   });
 }
 
+// x's first k columns as BF16 rows of stride k (in xb_, grown when needed).
+const uint16_t* CpuBackend::rows_bf16(CF32 x, int64_t k) {
+  if (x.rows * k > int64_t(xb_.size())) xb_ = AlignedBuffer<uint16_t>(size_t(x.rows * k));
+  for (int64_t r = 0; r < x.rows; ++r) K_.f32_to_bf16(x.row(r), xb_.data() + r * k, k);
+  return xb_.data();
+}
+
 // The rows in BF16, then the product split over output rows in blocks of 64
 // so every thread streams its own slice of the weights.
 void CpuBackend::linear_bf16(CF32 x, const Matrix& W, F32 y) {
   const int64_t m = x.rows, k = W.cols;
-  if (m * k > int64_t(xb_.size())) xb_ = AlignedBuffer<uint16_t>(size_t(m * k));
-  for (int64_t r = 0; r < m; ++r) K_.f32_to_bf16(x.row(r), xb_.data() + r * k, k);
-  const uint16_t* xb = xb_.data();
+  const uint16_t* xb = rows_bf16(x, k);
   pfor(W.rows, 64, [&](int64_t n0, int64_t n1) {
     K_.gemm_bf16_packed(xb, k, W.packed.data(), k, y.data, y.ld, m, n0, n1);
   });

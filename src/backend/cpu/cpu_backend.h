@@ -101,6 +101,7 @@ class CpuBackend final : public Backend {
   void linear_bf16(CF32 x, const Matrix& w, F32 y);
   void linear_int4(CF32 x, const Q4Matrix& w, F32 y);
   void linear_fp8(CF32 x, const F8Matrix& w, F32 y);
+  const uint16_t* rows_bf16(CF32 x, int64_t k);
 
   const kernels::KernelTable& K_;
   int threads_;
