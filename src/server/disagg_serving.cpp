@@ -166,7 +166,7 @@ awaitable<std::optional<ApiError>> Server::pull_prompt(std::shared_ptr<Generatio
     co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
   }
   if (waiting) pulls_waiting_.fetch_sub(1);
-  gen->reserved_pages.store(need);
+  gen->reserved_pages.fetch_add(need);  // several choices may each pull
 
   struct Outcome {
     std::optional<Result<std::shared_ptr<KvHandoff>>> result;

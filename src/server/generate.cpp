@@ -149,7 +149,7 @@ int64_t Server::held_bytes(const Prepared& p) const {
   const int64_t top = p.pr.logprobs ? std::max<int64_t>(p.pr.top_logprobs, 0) : -1;
   const int64_t per_token = 16 + (top >= 0 ? 64 + 48 * top : 0);
   int64_t bytes = 4096 + 12 * n + 4 * int64_t(p.echo_ids.size()) + int64_t(p.echo_text.size()) +
-                  gen * per_token + strings_bytes(p.pr.stop.stop);
+                  gen * per_token * std::max<int64_t>(p.pr.n, 1) + strings_bytes(p.pr.stop.stop);
   if (p.pr.echo && top >= 0) bytes += n * (48 + 48 * top);
   return bytes;
 }
@@ -160,7 +160,7 @@ std::optional<ApiError> Server::admit(const Prepared& p, Reservation& held) {
                      "the server has " + std::to_string(queued_.load()) +
                          " requests waiting, its limit; retry later",
                      "rate_limit_error", "queue_full");
-  const int64_t n = int64_t(p.ids.size());
+  const int64_t n = int64_t(p.ids.size()) * std::max<int64_t>(p.pr.n, 1);
   if (queued_tokens_.load() + n > opt_.max_queued_tokens && queued_.load() > 0)
     return api_error(429,
                      "the server has " + std::to_string(queued_tokens_.load()) +
@@ -184,22 +184,26 @@ std::optional<ApiError> Server::admit(const Prepared& p, Reservation& held) {
   return std::nullopt;
 }
 
-void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e) {
+void Server::on_event(const std::shared_ptr<Generation>& gen, int32_t choice,
+                      const RequestEvent& e) {
   // Engine thread: nothing may escape into the engine.
   const auto now = Clock::now();
-  if (!gen->any_event) {
-    gen->any_event = true;
+  Generation::ChoiceClock& ck = gen->clocks[size_t(choice)];
+  if (!ck.any_event) {
+    ck.any_event = true;
     release_reserved(*gen);
     queued_.fetch_sub(1);
     queued_tokens_.fetch_sub(gen->queued_tokens);
   }
   if (e.token >= 0) {
-    if (!gen->any_token)
-      metrics_.ttft.observe(std::chrono::duration<double>(now - gen->arrival).count());
-    else
-      metrics_.itl.observe(std::chrono::duration<double>(now - gen->last_token).count());
-    gen->any_token = true;
-    gen->last_token = now;
+    if (!ck.any_token) {
+      if (choice == 0)
+        metrics_.ttft.observe(std::chrono::duration<double>(now - gen->arrival).count());
+    } else {
+      metrics_.itl.observe(std::chrono::duration<double>(now - ck.last_token).count());
+    }
+    ck.any_token = true;
+    ck.last_token = now;
   }
   if (e.finish != FinishReason::None) {
     metrics_.e2e.observe(std::chrono::duration<double>(now - gen->arrival).count());
@@ -218,20 +222,21 @@ void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent
       ev.prompt_logprobs = std::make_shared<PromptLogprobs>(*e.prompt_logprobs);
     ev.error.assign(e.error);
   } catch (const std::exception& x) {
-    // Out of memory copying the event: the client learns the request failed.
+    // Out of memory copying the event: the client learns the choice failed.
     ev = Event{};
     ev.error = std::string("the server could not copy this request's output: ") + x.what();
     ev.error_code = ErrorCode::kEngine;
     ev.finish = FinishReason::Error;
-    if (e.finish == FinishReason::None) cancel_from_engine_thread(*gen);
+    if (e.finish == FinishReason::None) engine_.cancel(e.id);
   }
   if (ev.finish == FinishReason::None) ev.finish = e.finish;
   if (ev.error_code == ErrorCode::kNone) ev.error_code = e.error_code;
   ev.prompt_tokens = e.prompt_tokens;
   ev.completion_tokens = e.completion_tokens;
   ev.cached_tokens = e.cached_tokens;
+  ev.choice = choice;
   if (ev.error_code == ErrorCode::kKvIntegrity)
-    std::fprintf(stderr, "kvant serve: request %llu: %s\n", (unsigned long long)gen->id,
+    std::fprintf(stderr, "kvant serve: request %llu: %s\n", (unsigned long long)e.id,
                  ev.error.c_str());
   bool was_empty;
   {
@@ -242,12 +247,10 @@ void Server::on_event(const std::shared_ptr<Generation>& gen, const RequestEvent
   if (was_empty) asio::post(gen->io, [gen] { gen->timer.cancel(); });
 }
 
-void Server::cancel_from_engine_thread(Generation& gen) { engine_.cancel(gen.id); }
-
 void Server::cancel(Generation& gen) {
   if (gen.cancelled || gen.finished) return;
   gen.cancelled = true;
-  engine_.cancel(gen.id);
+  for (RequestId id : gen.ids) engine_.cancel(id);
   loop_.wake();
 }
 
@@ -379,18 +382,9 @@ awaitable<Server::Submitted> Server::submit(ConnPtr conn, Request& req,
       co_return Submitted{std::nullopt, co_await send_error(conn, req, *e, false)};
     }
   }
-  queued_.fetch_add(1);
-  in_flight_.fetch_add(1);
-  queued_tokens_.fetch_add(gen->queued_tokens);
-  auto id = kv ? engine_.submit_handoff(std::move(er), kv) : engine_.submit(std::move(er));
-  if (pull) {
-    pull->ack(id ? 0 : 1, id ? std::string() : id.error().message);
-    kv.reset();
-  }
+  auto id = enqueue(*gen, std::move(er), std::move(kv));
+  if (pull) pull->ack(id ? 0 : 1, id ? std::string() : id.error().message);
   if (!id) {
-    queued_.fetch_sub(1);
-    in_flight_.fetch_sub(1);
-    queued_tokens_.fetch_sub(gen->queued_tokens);
     if (pull) {
       kv_pulls_refused_.fetch_add(1);
       release_reserved(*gen);
@@ -412,22 +406,88 @@ awaitable<Server::Submitted> Server::submit(ConnPtr conn, Request& req,
   co_return Submitted{*id, false};
 }
 
+Result<RequestId> Server::enqueue(Generation& gen, kvant::Request er,
+                                  std::shared_ptr<KvHandoff> kv) {
+  queued_.fetch_add(1);
+  in_flight_.fetch_add(1);
+  queued_tokens_.fetch_add(gen.queued_tokens);
+  auto id = kv ? engine_.submit_handoff(std::move(er), std::move(kv)) : engine_.submit(std::move(er));
+  if (!id) {
+    queued_.fetch_sub(1);
+    in_flight_.fetch_sub(1);
+    queued_tokens_.fetch_sub(gen.queued_tokens);
+  }
+  return id;
+}
+
+kvant::Request Server::choice_request(const std::shared_ptr<Generation>& gen,
+                                      const ParsedRequest& pr, std::vector<int32_t> ids,
+                                      int32_t i) {
+  kvant::Request er = engine_request(pr, std::move(ids));
+  er.sampling.seed = choice_seed(er.sampling.seed, i);
+  er.on_event = [this, gen, i](const RequestEvent& e) { on_event(gen, i, e); };
+  return er;
+}
+
+namespace {
+
+// The request's usage: the prompt once, every choice's completion tokens.
+Usage total_usage(const std::vector<ChoiceState>& cs) {
+  Usage u = cs[0].usage;
+  u.completion_tokens = 0;
+  for (const ChoiceState& c : cs) u.completion_tokens += c.usage.completion_tokens;
+  return u;
+}
+
+std::vector<ChoiceResult> cs_results(const std::vector<ChoiceState>& cs) {
+  std::vector<ChoiceResult> r;
+  r.reserve(cs.size());
+  for (const ChoiceState& c : cs) r.push_back(c.out);
+  return r;
+}
+
+}  // namespace
+
+awaitable<Result<RequestId>> Server::submit_pulled(std::shared_ptr<Generation> gen,
+                                                   kvant::Request er, const std::string& peer) {
+  std::shared_ptr<disagg::KvPull> pull;
+  std::shared_ptr<KvHandoff> kv;
+  if (auto e = co_await pull_prompt(gen, er, peer, pull, kv)) {
+    release_reserved(*gen);
+    co_return make_error(e->message);
+  }
+  auto id = enqueue(*gen, std::move(er), std::move(kv));
+  if (pull) pull->ack(id ? 0 : 1, id ? std::string() : id.error().message);
+  if (!id) {
+    kv_pulls_refused_.fetch_add(1);
+    release_reserved(*gen);
+  }
+  co_return id;
+}
+
 // Submits a prepared request and answers it: streamed as SSE events or
-// whole. The request ends with this coroutine whatever happens (an
-// unfinished one is cancelled) and leaves the active table only after its
-// last byte is written, which is what the drain waits for.
+// whole. With n > 1 choices, choice 0 is queued first and the others when
+// its first event comes: its prompt's pages are then in the prefix cache,
+// and they share them. On a decode server whose choice 0 pulled its K/V
+// from a prefill server, the others pull theirs from it too (its prefix
+// cache serves them), so every choice decodes from the same prompt K/V. The request ends with this coroutine whatever
+// happens (unfinished choices are cancelled) and leaves the active table
+// only after its last byte is written, which is what the drain waits for.
 awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
                                        Reservation held, std::string peer) {
   const ParsedRequest& pr = p.pr;
   const Tokenizer& tok = engine_.tokenizer();
+  const int32_t nc = std::max<int32_t>(pr.n, 1);
   auto gen = std::make_shared<Generation>(io_);
   gen->arrival = Clock::now();
   gen->queued_tokens = int64_t(p.ids.size());
-  kvant::Request er = engine_request(pr, std::move(p.ids));
-  er.on_event = [this, gen](const RequestEvent& e) { on_event(gen, e); };
-  const Submitted sub = co_await submit(conn, req, gen, std::move(er), peer);
+  gen->clocks.resize(size_t(nc));
+  std::vector<int32_t> prompt;  // kept for choices 1..n-1
+  if (nc > 1) prompt = p.ids;
+  const Submitted sub =
+      co_await submit(conn, req, gen, choice_request(gen, pr, std::move(p.ids), 0), peer);
   if (!sub.id) co_return sub.keep;
-  gen->id = *sub.id;
+  gen->ids.push_back(*sub.id);
   active_.insert(gen);
   loop_.wake();
   struct Release {
@@ -448,11 +508,9 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
                         std::chrono::system_clock::now().time_since_epoch())
                         .count(),
                     opt_.model_name};
-  std::string text, finish, error, error_code;
-  std::vector<TokenLogprobText> lps;
-  Usage usage;
-  bool first_chunk = true, write_failed = false, echoed = false, early_head = false;
-  int64_t text_offset = 0;
+  std::vector<ChoiceState> cs(static_cast<size_t>(nc));
+  int32_t open = nc, started = 1;
+  bool write_failed = false, echoed = false, early_head = false;
   auto last_write = Clock::now();
   auto fail_write = [&] {
     write_failed = true;
@@ -475,13 +533,42 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
     last_write = Clock::now();
     if (ec) fail_write();
   };
+  // Queues choices 1..n-1 (their K/V pulled from the same prefill server as
+  // choice 0's, when there is one). One that fails, or that comes after the
+  // request was cancelled, gets an error event of its own.
+  auto start_rest = [&]() -> awaitable<void> {
+    for (; started < nc; ++started) {
+      Result<RequestId> id = make_error("the request was cancelled");
+      if (!gen->cancelled && peer.empty())
+        id = enqueue(*gen, choice_request(gen, pr, prompt, started), nullptr);
+      else if (!gen->cancelled)
+        id = co_await submit_pulled(gen, choice_request(gen, pr, prompt, started), peer);
+      if (id) {
+        gen->ids.push_back(*id);
+        continue;
+      }
+      Event ev;
+      ev.finish = FinishReason::Error;
+      ev.error = id.error().message;
+      ev.error_code = ErrorCode::kEngine;
+      ev.choice = started;
+      std::lock_guard<std::mutex> lk(gen->mu);
+      gen->events.push_back(std::move(ev));
+    }
+    std::vector<int32_t>().swap(prompt);
+    loop_.wake();
+  };
   if (pr.stream && !co_await write_sse_head(conn, req)) fail_write();
 
-  while (!gen->finished) {
+  while (open > 0) {
     std::deque<Event> batch;
     {
       std::lock_guard<std::mutex> lk(gen->mu);
       batch.swap(gen->events);
+    }
+    if (started < nc && (!batch.empty() || gen->cancelled)) {
+      co_await start_rest();
+      if (batch.empty()) continue;
     }
     if (batch.empty()) {
       beast::error_code ec;
@@ -505,57 +592,80 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       co_await gen->timer.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
-    std::string delta;
-    std::vector<TokenLogprobText> delta_lps;
-    if (pr.echo && !echoed) {
-      // The prompt first: its text, and its tokens' logprobs (none for the
-      // first token and those before prompt_logprobs_from, or when the
-      // request failed before its prompt was computed).
-      echoed = true;
-      delta = std::move(p.echo_text);
-      if (pr.logprobs) {
-        std::shared_ptr<const PromptLogprobs> plp;
-        for (const Event& ev : batch)
-          if (ev.prompt_logprobs) plp = ev.prompt_logprobs;
-        auto job = [&] { return echo_logprobs(tok, pr.tokens_as_ids, p.echo_ids, plp.get()); };
-        delta_lps = co_await offload(std::move(job));
+    std::vector<std::deque<Event>> per(static_cast<size_t>(nc));
+    for (Event& ev : batch) per[size_t(ev.choice)].push_back(std::move(ev));
+    std::string out;
+    for (int32_t i = 0; i < nc; ++i) {
+      if (per[size_t(i)].empty()) continue;
+      ChoiceState& c = cs[size_t(i)];
+      std::string delta;
+      std::vector<TokenLogprobText> delta_lps;
+      if (pr.echo && !echoed) {
+        // The prompt first (one choice only): its text, and its tokens'
+        // logprobs (none for the first token and those before
+        // prompt_logprobs_from, or when the request failed before its
+        // prompt was computed).
+        echoed = true;
+        delta = std::move(p.echo_text);
+        if (pr.logprobs) {
+          std::shared_ptr<const PromptLogprobs> plp;
+          for (const Event& ev : per[size_t(i)])
+            if (ev.prompt_logprobs) plp = ev.prompt_logprobs;
+          auto job = [&] { return echo_logprobs(tok, pr.tokens_as_ids, p.echo_ids, plp.get()); };
+          delta_lps = co_await offload(std::move(job));
+        }
+      }
+      c.finished = take_events(per[size_t(i)], pr, tok, delta, delta_lps, c.usage, c.out.finish,
+                               c.out.error, c.out.error_code);
+      if (c.finished) --open;
+      if (pr.stream) {
+        if (!delta.empty() || !delta_lps.empty() || c.first_chunk || c.finished)
+          out += sse_events(endpoint, meta, pr, i, c.first_chunk, delta, delta_lps, c.text_offset,
+                            c.finished, c.out.finish, c.out.error, c.out.error_code);
+        c.first_chunk = false;
+      } else {
+        c.out.text += delta;
+        for (auto& t : delta_lps) c.out.logprobs.push_back(std::move(t));
       }
     }
-    gen->finished = take_events(batch, pr, tok, delta, delta_lps, usage, finish, error, error_code);
-    if (pr.stream && !write_failed) {
-      if (!delta.empty() || !delta_lps.empty() || first_chunk || gen->finished) {
-        std::string out = sse_events(endpoint, meta, pr, first_chunk, delta, delta_lps, text_offset,
-                                     gen->finished, finish, error, error_code, usage);
-        first_chunk = false;
-        co_await write_bytes(std::move(out), true);
-      }
-    } else if (!pr.stream) {
-      text += delta;
-      for (auto& t : delta_lps) lps.push_back(std::move(t));
-    }
+    gen->finished = open == 0;
+    if (pr.stream && gen->finished) out += sse_tail(endpoint, meta, pr, total_usage(cs));
+    if (pr.stream && !write_failed && !out.empty()) co_await write_bytes(std::move(out), true);
   }
   co_await stop_watching(conn, gen);
-  beast::error_code ec;
   if (gen->disconnected || write_failed) co_return false;
   if (pr.stream) {
+    beast::error_code ec;
     conn->stream.expires_after(std::chrono::seconds(60));
     co_await asio::async_write(conn->stream, http::make_chunk_last(),
                                asio::redirect_error(use_awaitable, ec));
     conn->stream.expires_never();
     co_return false;
   }
+  co_return co_await send_whole(conn, req, endpoint, meta, pr, cs, std::move(held), early_head);
+}
+
+// A non-streamed answer once every choice finished (after an early head,
+// its body bytes only).
+awaitable<bool> Server::send_whole(ConnPtr conn, Request& req, Endpoint endpoint,
+                                   const ResponseMeta& meta, const ParsedRequest& pr,
+                                   const std::vector<ChoiceState>& cs, Reservation held,
+                                   bool early_head) {
   auto render = [&] {
-    return dump_json(full_response(endpoint, meta, text, pr.logprobs ? &lps : nullptr, finish,
-                                   error, usage, error_code));
+    return dump_json(full_response(endpoint, meta, cs_results(cs), pr.logprobs, total_usage(cs)));
   };
   std::string out;
-  if (pr.logprobs || pr.echo)
+  if (pr.logprobs || pr.echo || cs.size() > 1)
     out = co_await offload(render);
   else
     out = render();
   held.reset();
   if (early_head) {
-    co_await write_bytes(std::move(out), false);
+    beast::error_code ec;
+    conn->stream.expires_after(std::chrono::seconds(60));
+    co_await asio::async_write(conn->stream, asio::buffer(out),
+                               asio::redirect_error(use_awaitable, ec));
+    conn->stream.expires_never();
     co_return false;
   }
   co_return co_await send(conn, req, http::status::ok, std::move(out), "application/json", true);

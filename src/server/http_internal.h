@@ -55,13 +55,24 @@ struct Event {
   std::string error;
   ErrorCode error_code = ErrorCode::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  int32_t choice = 0;  // which of the request's n choices
+};
+
+// One choice's answer as it is assembled on the I/O thread.
+struct ChoiceState {
+  ChoiceResult out;  // non-streamed: text and logprobs; always: the finish
+  Usage usage;
+  bool first_chunk = true, finished = false;
+  int64_t text_offset = 0;
 };
 
 // A request between the engine thread and its connection.
 struct Generation {
   explicit Generation(asio::io_context& io) : io(io), timer(io) {}
   asio::io_context& io;
-  RequestId id = 0;
+  // The engine's ids of the choices submitted so far (I/O thread). Choice 0
+  // goes first; the others follow once its prompt is in the prefix cache.
+  std::vector<RequestId> ids;
   // Shared with the engine thread.
   std::mutex mu;
   std::deque<Event> events;
@@ -72,10 +83,15 @@ struct Generation {
   bool cancelled = false;
   bool watching = false;      // the disconnect watcher is running
   bool stop_watching = false;
-  // Engine thread only.
-  Clock::time_point arrival, last_token;
-  bool any_event = false, any_token = false;
-  int64_t queued_tokens = 0;  // counted in Server::queued_tokens_ until its first event
+  // Engine thread only (sized on the I/O thread before the first submit).
+  struct ChoiceClock {
+    Clock::time_point last_token;
+    bool any_event = false, any_token = false;
+  };
+  Clock::time_point arrival;
+  std::vector<ChoiceClock> clocks;  // one per choice
+  // Each choice's prompt tokens, counted in Server::queued_tokens_ until its first event.
+  int64_t queued_tokens = 0;
   // Pages reserved for its pull (disaggregated decode), released with its
   // first event or when the pull fails.
   std::atomic<int64_t> reserved_pages{0};
@@ -150,13 +166,25 @@ class Server {
   };
   awaitable<Submitted> submit(ConnPtr conn, Request& req, std::shared_ptr<Generation> gen,
                               kvant::Request er, const std::string& peer);
+  // Pulls choice i > 0's prompt K/V from `peer` and queues it (no answer is
+  // written: a failure becomes that choice's error).
+  awaitable<Result<RequestId>> submit_pulled(std::shared_ptr<Generation> gen, kvant::Request er,
+                                             const std::string& peer);
+  // Queues one engine request of `gen` (counted as queued and in flight).
+  Result<RequestId> enqueue(Generation& gen, kvant::Request er, std::shared_ptr<KvHandoff> kv);
+  // The engine request of choice `i`, its events going to `gen`.
+  kvant::Request choice_request(const std::shared_ptr<Generation>& gen, const ParsedRequest& pr,
+                                std::vector<int32_t> ids, int32_t i);
+  awaitable<bool> send_whole(ConnPtr conn, Request& req, Endpoint endpoint,
+                             const ResponseMeta& meta, const ParsedRequest& pr,
+                             const std::vector<ChoiceState>& cs, Reservation held,
+                             bool early_head);
   awaitable<bool> write_sse_head(ConnPtr conn, const Request& req);
   awaitable<bool> write_early_head(ConnPtr conn, const Request& req);
   awaitable<void> watch_disconnect(ConnPtr conn, std::shared_ptr<Generation> gen);
   awaitable<void> stop_watching(ConnPtr conn, std::shared_ptr<Generation> gen);
-  void on_event(const std::shared_ptr<Generation>& gen, const RequestEvent& e);
-  void cancel(Generation& gen);                     // I/O thread
-  void cancel_from_engine_thread(Generation& gen);  // engine thread
+  void on_event(const std::shared_ptr<Generation>& gen, int32_t choice, const RequestEvent& e);
+  void cancel(Generation& gen);  // I/O thread: every choice
   std::string new_id(Endpoint endpoint);
 
   // disagg_serving.cpp: the prefill role's KV listener and the decode

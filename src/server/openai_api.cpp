@@ -225,7 +225,7 @@ std::optional<ApiError> read_prompt(Reader& rd, ParsedRequest& r) {
   if (rd.err) return rd.err;
   if (auto s = rd.string("suffix"); s && !s->empty())
     return bad("'suffix' is not supported", "suffix");
-  rd.integer("best_of", 1, 1);
+  if (auto b = rd.integer("best_of", 1, kMaxChoices)) r.best_of = int32_t(*b);
   if (rd.err) return rd.err;
   return std::nullopt;
 }
@@ -409,8 +409,16 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
   if (mct) mt = mct;
   if (mt && *mt == 0) r.prompt_only = true;
   else if (mt) r.max_tokens = int32_t(*mt);
-  if (auto n = rd.integer("n", 1, 1024); n && *n != 1 && !rd.err)
-    rd.err = bad("only n = 1 is supported, got " + std::to_string(*n), "n");
+  if (auto n = rd.integer("n", 1, kMaxChoices)) r.n = int32_t(*n);
+  // best_of > n would rank the candidates by likelihood and return the
+  // best n: not done here, so only best_of == n (or absent) is accepted.
+  if (r.best_of > 0 && r.best_of != r.n && !rd.err)
+    rd.err = bad("'best_of' must equal 'n' (" + std::to_string(r.n) +
+                     "): choosing the best of more candidates is not supported, got " +
+                     std::to_string(r.best_of),
+                 "best_of");
+  if (r.n > 1 && r.echo && !rd.err)
+    rd.err = bad("'echo' is not supported together with 'n' > 1", "echo");
   if (auto t = rd.number("temperature", 0, 2))
     r.sampling.temperature = float(*t);
   else if (!rd.err && !rd.field("temperature"))
@@ -594,30 +602,57 @@ json choice_error(std::string_view error, std::string_view code) {
 }
 }  // namespace
 
-nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
-                             const std::vector<TokenLogprobText>* logprobs,
-                             std::string_view finish_reason, std::string_view error,
-                             const Usage& usage, std::string_view error_code) {
-  json choice = {{"index", 0}, {"finish_reason", std::string(finish_reason)}};
+namespace {
+
+json choice_json(Endpoint endpoint, int32_t index, const ChoiceResult& c, bool with_logprobs) {
+  json choice = {{"index", index}, {"finish_reason", c.finish}};
   if (endpoint == Endpoint::Chat)
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
   else
-    choice["text"] = text;
-  choice["logprobs"] = logprobs ? logprobs_json(endpoint, *logprobs, 0) : json(nullptr);
-  if (!error.empty()) choice["error"] = choice_error(error, error_code);
+    choice["text"] = c.text;
+  choice["logprobs"] = with_logprobs ? logprobs_json(endpoint, c.logprobs, 0) : json(nullptr);
+  if (!c.error.empty()) choice["error"] = choice_error(c.error, c.error_code);
+  return choice;
+}
+
+}  // namespace
+
+nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta,
+                             std::span<const ChoiceResult> choices, bool with_logprobs,
+                             const Usage& usage) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i)
+    list.push_back(choice_json(endpoint, int32_t(i), choices[i], with_logprobs));
   return {{"id", meta.id},
           {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
           {"created", meta.created},
           {"model", meta.model},
-          {"choices", json::array({choice})},
+          {"choices", std::move(list)},
           {"usage", usage_json(usage)}};
+}
+
+nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
+                             const std::vector<TokenLogprobText>* logprobs,
+                             std::string_view finish_reason, std::string_view error,
+                             const Usage& usage, std::string_view error_code) {
+  ChoiceResult c{text, logprobs ? *logprobs : std::vector<TokenLogprobText>{},
+                 std::string(finish_reason), std::string(error), std::string(error_code)};
+  return full_response(endpoint, meta, std::span<const ChoiceResult>(&c, 1), logprobs != nullptr,
+                       usage);
+}
+
+uint64_t choice_seed(uint64_t seed, int32_t choice) {
+  if (seed == 0 || choice == 0) return seed;  // 0: every choice picks its own
+  const uint64_t s = seed + uint64_t(choice) * 0x9e3779b97f4a7c15ull;
+  return s == 0 ? 1 : s;
 }
 
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
-                            std::string_view error, std::string_view error_code) {
-  json choice = {{"index", 0}};
+                            std::string_view error, std::string_view error_code,
+                            int32_t index) {
+  json choice = {{"index", index}};
   if (endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

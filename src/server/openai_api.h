@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,14 @@
 #include "server/server.h"
 
 namespace kvant::server {
+
+// The most choices one request may ask for ('n').
+inline constexpr int32_t kMaxChoices = 64;
+
+// Choice i's seed when a request asks for n > 1 choices with a seed:
+// choice 0 keeps the request's seed, the others get distinct ones derived
+// from it (so the whole answer repeats for the same seed).
+uint64_t choice_seed(uint64_t seed, int32_t choice);
 
 struct ApiError {
   int status = 400;
@@ -39,6 +48,10 @@ struct ParsedRequest {
   SamplingParams sampling;
   StopParams stop;
   int32_t max_tokens = 0;  // 0: up to the context
+  // Choices sampled from the one prompt (1..kMaxChoices). Choice i > 0
+  // samples with its own seed (choice_seed) and reuses the prompt's pages.
+  int32_t n = 1;
+  int32_t best_of = 0;  // completions: 0 = absent, else equal to n
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;
@@ -107,7 +120,17 @@ struct ResponseMeta {
   std::string model;
 };
 
-// A whole (non-streamed) response. A failed request's choice carries
+// One choice of a whole response.
+struct ChoiceResult {
+  std::string text;
+  std::vector<TokenLogprobText> logprobs;
+  std::string finish, error, error_code;
+};
+// A whole (non-streamed) response with these choices (index = position).
+nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta,
+                             std::span<const ChoiceResult> choices, bool with_logprobs,
+                             const Usage& usage);
+// A whole (non-streamed) response of one choice. A failed request's choice carries
 // {"error": {"message": error, "type": "server_error", "code": error_code}}.
 nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const std::string& text,
                              const std::vector<TokenLogprobText>* logprobs,
@@ -118,7 +141,8 @@ nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const 
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
-                            std::string_view error, std::string_view error_code = "");
+                            std::string_view error, std::string_view error_code = "",
+                            int32_t index = 0);
 // The last chunk when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
 

@@ -78,28 +78,33 @@ kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids)
 }
 
 std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
-                       bool first_chunk, const std::string& delta,
+                       int32_t index, bool first_chunk, const std::string& delta,
                        const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
                        bool finished, const std::string& finish, const std::string& error,
-                       const std::string& error_code, const Usage& usage) {
+                       const std::string& error_code) {
   std::string out;
   // The finish goes in a chunk of its own after the last text, the way
   // OpenAI's stream ends.
   if (!delta.empty() || !delta_lps.empty() || first_chunk)
     out += "data: " +
            dump_json(stream_chunk(endpoint, meta, first_chunk, delta,
-                                  pr.logprobs ? &delta_lps : nullptr, text_offset, "", "")) +
+                                  pr.logprobs ? &delta_lps : nullptr, text_offset, "", "", "",
+                                  index)) +
            "\n\n";
   text_offset += int64_t(delta.size());
-  if (finished) {
+  if (finished)
     out += "data: " +
            dump_json(stream_chunk(endpoint, meta, false, "", nullptr, text_offset, finish, error,
-                                       error_code)) +
+                                  error_code, index)) +
            "\n\n";
-    if (pr.include_usage) out += "data: " + dump_json(usage_chunk(endpoint, meta, usage)) + "\n\n";
-    out += "data: [DONE]\n\n";
-  }
   return out;
+}
+
+std::string sse_tail(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
+                     const Usage& usage) {
+  std::string out;
+  if (pr.include_usage) out += "data: " + dump_json(usage_chunk(endpoint, meta, usage)) + "\n\n";
+  return out + "data: [DONE]\n\n";
 }
 
 std::string client_error_text(ErrorCode code, const std::string& engine_message) {

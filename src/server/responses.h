@@ -34,12 +34,17 @@ std::vector<TokenLogprobText> echo_logprobs(const Tokenizer& tok, bool as_ids,
                                             const PromptLogprobs* plp);
 // The engine's request for a parsed one, without its on_event callback.
 kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids);
-// One batch's SSE events; advances `text_offset` past the delta.
+// One batch's SSE events of choice `index`; advances `text_offset` past
+// the delta. `finished`: this choice's finish chunk follows its text.
 std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
-                       bool first_chunk, const std::string& delta,
+                       int32_t index, bool first_chunk, const std::string& delta,
                        const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
                        bool finished, const std::string& finish, const std::string& error,
-                       const std::string& error_code, const Usage& usage);
+                       const std::string& error_code);
+// The stream's end once every choice finished: the usage chunk when
+// stream_options.include_usage asks for it, then [DONE].
+std::string sse_tail(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
+                     const Usage& usage);
 // What a client is told of a failed request: a stable message and code for
 // an integrity abort (the page numbers stay in the log), the engine's
 // message otherwise.

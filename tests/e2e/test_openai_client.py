@@ -135,6 +135,46 @@ def test_seeded_determinism(client):
     assert len(others | {a}) > 1
 
 
+def test_several_choices(server, client):
+    kw = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a story."}],
+              max_tokens=12, temperature=1.0, seed=99)
+    r = client.chat.completions.create(n=4, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    texts = [c.message.content for c in r.choices]
+    assert len(set(texts)) > 1  # independent sampling
+    # Choice 0 is the request's own seed; the whole answer repeats.
+    assert texts[0] == client.chat.completions.create(**kw).choices[0].message.content
+    assert texts == [c.message.content for c in client.chat.completions.create(n=4, **kw).choices]
+    assert 4 <= r.usage.completion_tokens <= 4 * 12  # every choice's tokens
+    # Streamed: deltas carry their choice's index, each choice ends once,
+    # the text per choice equals the whole answer's.
+    chunks = list(client.chat.completions.create(n=4, stream=True,
+                                                 stream_options={"include_usage": True}, **kw))
+    streamed = ["", "", "", ""]
+    finishes = [[], [], [], []]
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index].append(ch.finish_reason)
+    assert streamed == texts
+    assert all(len(f) == 1 for f in finishes)
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # The other choices reuse the first one's prompt pages (one server: the
+    # prefix cache's hit counter grows by about 3 prompts of 4 choices).
+    if isinstance(server, Server):
+        long_kw = dict(kw, messages=[{"role": "user", "content": "Tell me a story about " +
+                                      "a lighthouse keeper and a storm at sea, " * 12}])
+        before = server.metrics()["kvant_prefix_cache_hit_tokens_total"]
+        lr = client.chat.completions.create(n=4, **long_kw)
+        hits = server.metrics()["kvant_prefix_cache_hit_tokens_total"] - before
+        assert hits >= 3 * (lr.usage.prompt_tokens - 16)
+    # Greedy: every choice is the same answer.
+    g = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                  max_tokens=6, temperature=0, n=3)
+    assert len({c.text for c in g.choices}) == 1 and len(g.choices) == 3
+
+
 def test_penalties_and_user(client):
     r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=16,
                                        temperature=0, presence_penalty=1.5,

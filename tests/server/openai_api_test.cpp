@@ -65,6 +65,22 @@ TEST(OpenAiApi, SeedZeroStaysFixed) {
   EXPECT_NE(r.request->sampling.seed, 0u);
 }
 
+TEST(OpenAiApi, SeveralChoices) {
+  auto a = chat({{"n", 3}, {"seed", 7}});
+  ASSERT_TRUE(a.request);
+  EXPECT_EQ(a.request->n, 3);
+  auto b = comp({{"n", 2}, {"best_of", 2}});
+  ASSERT_TRUE(b.request);
+  EXPECT_EQ(b.request->n, 2);
+  // Choice 0 keeps the seed; the others differ from it and from each other;
+  // seed 0 (none given) stays 0 so that every choice picks its own.
+  const uint64_t s = a.request->sampling.seed;
+  EXPECT_EQ(choice_seed(s, 0), s);
+  EXPECT_NE(choice_seed(s, 1), s);
+  EXPECT_NE(choice_seed(s, 1), choice_seed(s, 2));
+  EXPECT_EQ(choice_seed(0, 5), 0u);
+}
+
 TEST(OpenAiApi, CompletionPrompts) {
   auto a = comp({{"prompt", {1, 2, 3}}});
   ASSERT_TRUE(a.request);
@@ -89,7 +105,10 @@ TEST(OpenAiApi, ErrorsNameTheField) {
       {chat({{"temperature", 3}}), 400, "temperature"},
       {chat({{"top_p", 0}}), 400, "top_p"},
       {chat({{"max_tokens", "5"}}), 400, "max_tokens"},
-      {chat({{"n", 3}}), 400, "n"},
+      {chat({{"n", 0}}), 400, "n"},
+      {chat({{"n", kMaxChoices + 1}}), 400, "n"},
+      {comp({{"n", 2}, {"best_of", 3}}), 400, "best_of"},
+      {comp({{"n", 2}, {"echo", true}}), 400, "echo"},
       {chat({{"stop", {1}}}), 400, "stop"},
       {chat({{"top_logprobs", 2}}), 400, "top_logprobs"},
       {chat({{"model", "other"}}), 404, "model"},
@@ -209,6 +228,15 @@ TEST(OpenAiApi, ResponsesAndChunks) {
   auto c = stream_chunk(Endpoint::Completion, meta, false, "xy", &lps, 7, "", "");
   EXPECT_EQ(c["choices"][0]["logprobs"]["text_offset"][0], 7);
   EXPECT_EQ(usage_chunk(Endpoint::Chat, meta, u)["choices"].size(), 0u);
+  const ChoiceResult two[] = {{"a", {}, "stop", "", ""}, {"b", {}, "length", "", ""}};
+  auto many = full_response(Endpoint::Completion, meta, two, false, u);
+  ASSERT_EQ(many["choices"].size(), 2u);
+  EXPECT_EQ(many["choices"][1]["index"], 1);
+  EXPECT_EQ(many["choices"][1]["text"], "b");
+  EXPECT_EQ(many["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(stream_chunk(Endpoint::Chat, meta, false, "x", nullptr, 0, "", "", "", 4)["choices"][0]
+                ["index"],
+            4);
   // Bytes that are not UTF-8 never make the dump throw.
   EXPECT_NO_THROW(dump_json(json{{"t", std::string("\xe2\x82")}}));
 }
