@@ -172,6 +172,16 @@ std::optional<ApiError> read_messages(Reader& rd, ParsedRequest& r) {
     } else if (auto e = message_content(*c, i, content)) {
       return *e;
     }
+    // A message field this server does not read (tool calls, names,
+    // reasoning) is refused by name, as top-level fields are.
+    for (auto it = msg.begin(); it != msg.end(); ++it) {
+      if (it.key() == "role" || it.key() == "content" || it->is_null()) continue;
+      if (it.key() == "tool_calls" && it->is_array() && it->empty()) continue;
+      std::string what = "'" + p + "." + it.key() + "' is not supported by this server";
+      if (it.key() == "tool_calls" || it.key() == "tool_call_id" || it.key() == "function_call")
+        what += " (tool calling is not available yet)";
+      return bad(what, p + "." + it.key(), 400, "unsupported_parameter");
+    }
     r.messages.emplace_back(rs == "developer" ? "system" : rs, std::move(content));
   }
   return std::nullopt;
@@ -447,6 +457,11 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
       else
         r.include_usage = iu->get<bool>();
     }
+    if (so->is_object())
+      for (auto it = so->begin(); it != so->end() && !rd.err; ++it)
+        if (it.key() != "include_usage" && !it->is_null())
+          rd.err = bad("'stream_options." + it.key() + "' is not supported by this server",
+                       "stream_options." + it.key(), 400, "unsupported_parameter");
     if (!rd.err && !r.stream)
       rd.err = bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
   }

@@ -146,6 +146,15 @@ TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
       {{{"some_field", 1}}, "some_field"},
       {{{"store", true}}, "store"},
       {{{"echo", true}}, "echo"},  // a completions field on chat
+      {{{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", "bob"}}}}},
+       "messages[0].name"},
+      {{{"messages",
+         {{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {{{"id", "c1"}}}}}}}},
+       "messages[0].tool_calls"},
+      {{{"messages", {{{"role", "tool"}, {"content", "4"}, {"tool_call_id", "c1"}}}}},
+       "messages[0].tool_call_id"},
+      {{{"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}},
+       "stream_options.continuous_usage_stats"},
   };
   for (const auto& [extra, name] : refused) {
     auto r = chat(extra);
