@@ -465,6 +465,34 @@ awaitable<Result<RequestId>> Server::submit_pulled(std::shared_ptr<Generation> g
   co_return id;
 }
 
+// Queues choices started..n-1 (their K/V pulled from the same prefill server
+// as choice 0's, when there is one). One that fails, or that comes after the
+// request was cancelled, gets an error event of its own.
+awaitable<void> Server::start_choices(std::shared_ptr<Generation> gen, const ParsedRequest& pr,
+                                      std::vector<int32_t>& prompt, int32_t& started,
+                                      const std::string& peer) {
+  for (; started < pr.n; ++started) {
+    Result<RequestId> id = make_error("the request was cancelled");
+    if (!gen->cancelled && peer.empty())
+      id = enqueue(*gen, choice_request(gen, pr, prompt, started), nullptr);
+    else if (!gen->cancelled)
+      id = co_await submit_pulled(gen, choice_request(gen, pr, prompt, started), peer);
+    if (id) {
+      gen->ids.push_back(*id);
+      continue;
+    }
+    Event ev;
+    ev.finish = FinishReason::Error;
+    ev.error = id.error().message;
+    ev.error_code = ErrorCode::kEngine;
+    ev.choice = started;
+    std::lock_guard<std::mutex> lk(gen->mu);
+    gen->events.push_back(std::move(ev));
+  }
+  std::vector<int32_t>().swap(prompt);
+  loop_.wake();
+}
+
 // Submits a prepared request and answers it: streamed as SSE events or
 // whole. With n > 1 choices, choice 0 is queued first and the others when
 // its first event comes: its prompt's pages are then in the prefix cache,
@@ -533,31 +561,6 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
     last_write = Clock::now();
     if (ec) fail_write();
   };
-  // Queues choices 1..n-1 (their K/V pulled from the same prefill server as
-  // choice 0's, when there is one). One that fails, or that comes after the
-  // request was cancelled, gets an error event of its own.
-  auto start_rest = [&]() -> awaitable<void> {
-    for (; started < nc; ++started) {
-      Result<RequestId> id = make_error("the request was cancelled");
-      if (!gen->cancelled && peer.empty())
-        id = enqueue(*gen, choice_request(gen, pr, prompt, started), nullptr);
-      else if (!gen->cancelled)
-        id = co_await submit_pulled(gen, choice_request(gen, pr, prompt, started), peer);
-      if (id) {
-        gen->ids.push_back(*id);
-        continue;
-      }
-      Event ev;
-      ev.finish = FinishReason::Error;
-      ev.error = id.error().message;
-      ev.error_code = ErrorCode::kEngine;
-      ev.choice = started;
-      std::lock_guard<std::mutex> lk(gen->mu);
-      gen->events.push_back(std::move(ev));
-    }
-    std::vector<int32_t>().swap(prompt);
-    loop_.wake();
-  };
   if (pr.stream && !co_await write_sse_head(conn, req)) fail_write();
 
   while (open > 0) {
@@ -567,7 +570,7 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       batch.swap(gen->events);
     }
     if (started < nc && (!batch.empty() || gen->cancelled)) {
-      co_await start_rest();
+      co_await start_choices(gen, pr, prompt, started, peer);
       if (batch.empty()) continue;
     }
     if (batch.empty()) {

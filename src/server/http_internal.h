@@ -170,6 +170,9 @@ class Server {
   // written: a failure becomes that choice's error).
   awaitable<Result<RequestId>> submit_pulled(std::shared_ptr<Generation> gen, kvant::Request er,
                                              const std::string& peer);
+  awaitable<void> start_choices(std::shared_ptr<Generation> gen, const ParsedRequest& pr,
+                                std::vector<int32_t>& prompt, int32_t& started,
+                                const std::string& peer);
   // Queues one engine request of `gen` (counted as queued and in flight).
   Result<RequestId> enqueue(Generation& gen, kvant::Request er, std::shared_ptr<KvHandoff> kv);
   // The engine request of choice `i`, its events going to `gen`.

@@ -1,20 +1,32 @@
-// Chat prompt formatting for the model families kvant serves. Rather than run
-// a Jinja interpreter, each known template is recognized (from the text a
-// GGUF or tokenizer_config.json ships, or the architecture when there is
-// none) and rendered by a small function that reproduces it byte for byte
-// (tests/fixtures/chat, rendered by the real templates via
-// tools/fixtures/gen_chat.py). An unrecognized template is an error naming
-// it, and --chat-template NAME (chat_format_from_name) overrides detection.
+// Chat prompt formatting for the model families kvant serves, two ways:
+//
+// - JinjaChatTemplate (chat_template_jinja.cpp) renders a model's own
+//   template text (chat_template in tokenizer_config.json,
+//   chat_template.jinja, GGUF tokenizer.chat_template) with kvant's Jinja
+//   interpreter (tokenizer/jinja.h), exactly as transformers'
+//   apply_chat_template does (tests/fixtures/jinja, rendered by
+//   tools/fixtures/gen_jinja.py): messages with tool_calls and
+//   reasoning_content, tool declarations, the special tokens and switches
+//   such as enable_thinking.
+// - The named formats below are built-in fallbacks for models without a
+//   template, or for --chat-template NAME: each known template is
+//   recognized (from its text, or the architecture when there is none) and
+//   rendered by a small function that reproduces it byte for byte
+//   (tests/fixtures/chat, via tools/fixtures/gen_chat.py). An unrecognized
+//   template is an error naming it.
+//
 // Tokenizing the result is the caller's: formats that write BOS themselves
-// (Gemma, Llama 3; chat_format_writes_bos) must be encoded with add_bos=false
-// and parse_special=true.
+// (Gemma, Llama 3; chat_format_writes_bos, and templates that print
+// bos_token) must be encoded with add_bos=false and parse_special=true.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "core/result.h"
+#include "tokenizer/jinja.h"
 
 namespace kvant {
 
@@ -51,5 +63,42 @@ bool chat_format_writes_bos(ChatFormat format);
 // alternate user/assistant after an optional system message).
 Result<std::string> render_chat(ChatFormat format, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt, std::string_view bos_text);
+
+// What a chat template is rendered with. `messages` are OpenAI-style message
+// objects (role, content as a string or a list of parts, tool_calls with
+// arguments as an object, tool_call_id, reasoning_content, ...); keys keep
+// their order, which tojson shows (parse requests with ordered_json, or
+// tool schemas come out with sorted keys). `tools` is null or a list of tool
+// schemas ({"type": "function", "function": {...}}). `variables` become
+// template variables: the tokenizer's special tokens (bos_token,
+// eos_token, ...) and switches such as enable_thinking or date_string.
+struct JinjaChatInput {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;  // null: no tools
+  bool add_generation_prompt = true;
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+};
+
+// A model's own chat template, parsed once and rendered per request.
+class JinjaChatTemplate {
+ public:
+  // Fails on a syntax error, naming its line and column.
+  static Result<JinjaChatTemplate> parse(std::string_view template_text);
+
+  // Renders as apply_chat_template does: message keys whose value is null
+  // are dropped, reasoning given as reasoning_content, thinking or
+  // reasoning is passed under both reasoning_content and thinking, and the
+  // template sees messages, tools, documents (none), add_generation_prompt
+  // and the variables. Errors carry the template's raise_exception message.
+  Result<std::string> render(const JinjaChatInput& input,
+                             const jinja::Limits& limits = jinja::Limits()) const;
+
+  // Plain role/content messages with the BOS and EOS token texts.
+  Result<std::string> render(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                             std::string_view bos_text, std::string_view eos_text) const;
+
+ private:
+  jinja::Template template_;
+};
 
 }  // namespace kvant
