@@ -73,15 +73,15 @@ int run_generate(const GenOpts& o) {
 
   std::vector<int32_t> ids;
   if (o.chat) {
-    auto fmt = o.chat_template.empty()
-                   ? detect_chat_format(eng.chat_template(), eng.model_config().arch_name)
-                   : chat_format_from_name(o.chat_template);
-    if (!fmt) return fail(fmt.error().message);
+    auto chat = ChatRenderer::create(o.chat_template, eng.chat_template(),
+                                     eng.model_config().arch_name,
+                                     tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "",
+                                     tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "");
+    if (!chat) return fail(chat.error().message);
     std::vector<ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({"system", o.system});
     msgs.push_back({"user", o.prompt});
-    const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
-    auto text = render_chat(*fmt, msgs, true, bos);
+    auto text = chat->render(msgs, /*add_generation_prompt=*/true);
     if (!text) return fail(text.error().message);
     ids = tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
   } else {
@@ -158,7 +158,8 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--chat", o.chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", o.system, "system message (with --chat)");
   cmd->add_option("--chat-template", o.chat_template,
-                  "chat template by name: chatml, smollm2, gemma, llama3");
+                  "chat template: a built-in name (chatml, smollm2, gemma, llama3) or a Jinja "
+                  "file (default: the model's own template, else the built-in one detected)");
   cmd->callback([] { set_exit_code(run_generate(o)); });
 }
 

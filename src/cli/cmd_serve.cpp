@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -113,26 +114,26 @@ int run_serve(const ServeOpts& o) {
   so.kv_transport.transfer_timeout_seconds = o.kv_transfer_timeout;
   so.kv_transport.debug_flip_handoff = o.debug_kv_flip_handoff;
   so.kv_transport.debug_send_pause_seconds = o.debug_kv_send_pause;
-  auto fmt = o.chat_template.empty()
-                 ? detect_chat_format(eng.chat_template(), eng.model_config().arch_name)
-                 : chat_format_from_name(o.chat_template);
-  if (!fmt && !o.chat_template.empty()) return fail(fmt.error().message);
-  if (fmt) {
-    const Tokenizer& tok = eng.tokenizer();
-    const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
-    const ChatFormat format = *fmt;
-    so.render_chat = [&tok, bos,
-                      format](const server::ChatMessages& m) -> Result<std::vector<int32_t>> {
+  const Tokenizer& tok = eng.tokenizer();
+  auto chat = ChatRenderer::create(o.chat_template, eng.chat_template(),
+                                   eng.model_config().arch_name,
+                                   tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "",
+                                   tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "");
+  if (!chat && !o.chat_template.empty()) return fail(chat.error().message);
+  if (chat) {
+    std::fprintf(stderr, "kvant serve: chat prompts use %s\n", chat->description().c_str());
+    auto renderer = std::make_shared<const ChatRenderer>(std::move(*chat));
+    so.render_chat = [&tok, renderer](const server::ChatMessages& m) -> Result<std::vector<int32_t>> {
       std::vector<ChatMessage> msgs;
       msgs.reserve(m.size());
       for (const auto& [role, content] : m) msgs.push_back({role, content});
-      auto text = render_chat(format, msgs, /*add_generation_prompt=*/true, bos);
+      auto text = renderer->render(msgs, /*add_generation_prompt=*/true);
       if (!text) return text.error();
       return tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
     };
   } else {
     std::fprintf(stderr, "kvant serve: no chat template (%s); only /v1/completions works\n",
-                 fmt.error().message.c_str());
+                 chat.error().message.c_str());
   }
   so.on_listening = [&so](const std::string& host, int port) {
     std::fprintf(stderr, "kvant serve: model '%s' on http://%s:%d/v1\n", so.model_name.c_str(),
@@ -164,7 +165,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--model-name", o.model_name,
                   "model id clients name (default: the model file's name without .gguf)");
   cmd->add_option("--chat-template", o.chat_template,
-                  "chat template by name: chatml, smollm2, gemma, llama3 (default: detected)");
+                  "chat template: a built-in name (chatml, smollm2, gemma, llama3) or a Jinja "
+                  "file (default: the model's own template, else the built-in one detected)");
   cmd->add_option("--max-body", o.max_body, "largest request body, e.g. 32MiB (413 beyond)");
   cmd->add_option("--max-logprobs", o.max_logprobs,
                   "most alternatives per token in completions' logprobs; above 20 only for the "

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -99,6 +100,29 @@ class JinjaChatTemplate {
 
  private:
   jinja::Template template_;
+};
+
+// How a server or the CLI renders chat prompts. `choice` is what
+// --chat-template says: "" (the model's own template, rendered by the Jinja
+// interpreter; a template it cannot parse falls back to the built-in format
+// it is recognized as; no template: the built-in format for the
+// architecture), a built-in name (chat_format_from_name), or the path of a
+// Jinja template file. Tokenize the result with add_bos=false and
+// parse_special=true: templates write BOS themselves where the model wants it.
+class ChatRenderer {
+ public:
+  static Result<ChatRenderer> create(const std::string& choice, std::string_view model_template,
+                                     std::string_view arch, std::string bos_text,
+                                     std::string eos_text);
+  Result<std::string> render(std::span<const ChatMessage> messages,
+                             bool add_generation_prompt) const;
+  // What renders, for logs: "the model's own chat template", ...
+  const std::string& description() const { return what_; }
+
+ private:
+  std::optional<JinjaChatTemplate> jinja_;
+  ChatFormat format_ = ChatFormat::Chatml;
+  std::string bos_, eos_, what_;
 };
 
 }  // namespace kvant

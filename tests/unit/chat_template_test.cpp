@@ -112,5 +112,39 @@ TEST(ChatTemplate, SmolLM2PromptTokenizes) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok->token_id("<|im_end|>")), 2);
 }
 
+// What --chat-template and the model's own template choose.
+TEST(ChatTemplate, RendererChoosesTheModelsOwnTemplate) {
+  std::string why;
+  const Tokenizer* tok = testing::gguf_tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf", &why);
+  if (!tok) GTEST_SKIP() << why;
+  const std::vector<ChatMessage> msgs{{"system", "Be brief."}, {"user", "Hi"}};
+  // The model's own (Jinja) template, equal to the built-in format it matches.
+  auto own = ChatRenderer::create("", tok->chat_template(), "llama", "", "");
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  EXPECT_EQ(own->description(), "the model's own chat template");
+  EXPECT_EQ(own->render(msgs, true).value(),
+            render_chat(ChatFormat::Smollm2, msgs, true, "").value());
+  EXPECT_FALSE(own->render({}, true).ok());
+  // A built-in name.
+  auto named = ChatRenderer::create("gemma", tok->chat_template(), "llama", "<bos>", "<eos>");
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->render(msgs, true).value(),
+            render_chat(ChatFormat::Gemma, msgs, true, "<bos>").value());
+  // A Jinja file.
+  const std::string qwen = std::string(KVANT_FIXTURES) + "/jinja/templates/qwen3.jinja";
+  auto file = ChatRenderer::create(qwen, tok->chat_template(), "llama", "", "");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  EXPECT_EQ(file->render({{{"user", "Hi"}}}, true).value(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  // No template: the architecture's built-in format; unknown names fail.
+  auto arch = ChatRenderer::create("", "", "gemma3", "<bos>", "<eos>");
+  ASSERT_TRUE(arch.ok());
+  EXPECT_NE(arch->description().find("gemma"), std::string::npos);
+  EXPECT_FALSE(ChatRenderer::create("no-such-format", "", "llama", "", "").ok());
+  // A template the interpreter cannot parse falls back to the format it is
+  // recognized as, or fails naming both reasons.
+  EXPECT_FALSE(ChatRenderer::create("", "{% extends 'x' %}", "llama", "", "").ok());
+}
+
 }  // namespace
 }  // namespace kvant
