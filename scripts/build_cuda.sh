@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA build's compile check (no GPU needed): configures build-cuda/ with
 # -DKVANT_CUDA=ON (sm_90 and sm_80, warnings as errors) and builds the
-# targets that hold CUDA code, then fails if ptxas reported a register
-# spill or local memory use for any kernel. Skipped, with a message, where
-# nvcc is not installed.
+# targets that hold CUDA code (the CUDA backend, the nccl communicator, the
+# kernel bench), then fails if ptxas reported a register spill or local
+# memory use for any kernel. Skipped, with a message, where nvcc is not
+# installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -18,7 +19,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVANT_WERROR=ON
 find "$BUILD_DIR" -name '*.cu.o' -delete
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-ninja -C "$BUILD_DIR" -j "${JOBS:-$(nproc)}" kvant_dist 2>&1 | tee "$log"
+ninja -C "$BUILD_DIR" -j "${JOBS:-$(nproc)}" kvant_backend kvant_dist kvant_bench_cuda 2>&1 | tee "$log"
 if grep -E "ptxas.*(spill|lmem|local memory)" "$log"; then
   echo "build_cuda: ptxas reports spills or local memory (above)"
   exit 1

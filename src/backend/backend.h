@@ -132,6 +132,11 @@ class Backend {
   virtual const char* name() const = 0;
   // What it runs on, for reports: the CPU backend's kernel ISA ("avx512bf16", ...).
   virtual std::string device() const = 0;
+  // Whether alloc() gives plain host memory (the CPU backend); a GPU
+  // backend's memory is its device's, so the KV arena comes from alloc().
+  virtual bool host_memory() const { return true; }
+  // Bytes free where it computes (the KV budget's base), or -1: the host's.
+  virtual int64_t free_memory() const { return -1; }
 
   // --- Prepared weights (load time) ---
   // w: row-major BF16 [rows, cols].

@@ -39,6 +39,7 @@ struct BenchOpts {
   int prompt_tokens = 512;
   int gen_tokens = 128;
   int threads = 0;
+  std::string device = "cpu";
   int reps = 3;
   bool json = false;
   // Under mpirun (README: Several processes).
@@ -105,6 +106,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   ro.decode_weights = *dd_prec;
   ro.int4_group = o.int4_group;
   ro.int4_lm_head = o.int4_lm_head;
+  ro.backend = o.device;
   // Under mpirun every rank runs this same loop over the same random
   // tokens: each forward is collective, and rank 0 reports.
   int rank = 0;
@@ -133,7 +135,9 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   double pp_sum = 0, tg_sum = 0, tg_comm = 0, tg_wait = 0;
   if (o.comm_split) model.set_comm_split(true);
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
-    SeqKv kv(c, ctx);
+    SeqKvOptions kvo;
+    kvo.arena = model.kv_arena();
+    SeqKv kv(c, ctx, kvo);
     double pp = 0, tg = 0;
     if (o.prompt_tokens > 0) {
       std::vector<int32_t> ids;
@@ -148,7 +152,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
       }
     }
     if (o.gen_tokens > 0) {
-      SeqKv kv2(c, ctx);
+      SeqKv kv2(c, ctx, kvo);
       int32_t next = tok(rng);
       RunChunk chunk{&kv2, 0, std::span<const int32_t>(&next, 1), false};
       const double c0 = model.comm_seconds(), w0 = model.comm_wait_seconds();
@@ -175,7 +179,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   }
   const double pp_s = o.prompt_tokens > 0 ? o.prompt_tokens * o.reps / pp_sum : 0;
   const double tg_s = o.gen_tokens > 0 ? o.gen_tokens * o.reps / tg_sum : 0;
-  const std::string isa_s = backend::backend_device("cpu");
+  const std::string isa_s = model.device();
   const char* isa = isa_s.c_str();
   // Every rank's share: time in collectives is the peers' late arrival plus
   // the transfer, so the rank that was most often last (the smallest share)
@@ -283,6 +287,7 @@ int run_batch_config(const BenchOpts& o, const std::string& wspec, const std::st
   f.int4_lm_head = o.int4_lm_head;
   f.model = o.model;
   f.threads = o.threads;
+  f.device = o.device;
   f.kv_dtype = dtype;
   f.kv_scale = o.kv_scale;
   f.kv_memory = o.kv_memory;
@@ -446,6 +451,7 @@ int run_batch_bench(const BenchOpts& o) {
   j["model"] = o.model;
   j["threads"] = num_threads();
   j["isa"] = backend::backend_device("cpu");
+  j["device"] = o.device == "cpu" ? backend::backend_device("cpu") : backend::backend_device(o.device);
   j["kv_memory"] = o.kv_memory;
   j["configs"] = configs;
   if (o.json && !configs.empty()) std::printf("%s\n", j.dump(2).c_str());
@@ -463,6 +469,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--gen-tokens", o.gen_tokens, "decode steps")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-t,--threads", o.threads, "worker threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", o.device, "cpu, or cuda (a CUDA build with a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--reps", o.reps, "repetitions after one warm-up")->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->add_option("--concurrency", o.concurrency,

@@ -13,6 +13,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
     cmd->add_option("-m,--model", f.model, "GGUF file or Hugging Face directory")->required();
   cmd->add_option("-t,--threads", f.threads, "worker threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", f.device,
+                  "where the model computes: cpu, or cuda (a CUDA build on a machine with an "
+                  "NVIDIA GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--prefill-weights", f.prefill_weights,
                   "weights for prefill chunks: native (the checkpoint's), bf16, fp8 (e4m3, "
                   "128x128 block scales) or int4")
@@ -103,6 +107,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   EngineOptions o;
   o.model_path = f.model;
   o.threads = f.threads;
+  o.device = f.device;
   o.prefill_weights = f.prefill_weights;
   o.decode_weights = f.decode_weights;
   o.int4_group = f.int4_group;

@@ -14,6 +14,7 @@ namespace kvant::cli {
 struct EngineFlags {
   std::string model;
   int threads = 0;
+  std::string device = "cpu";
   std::string kv_dtype = "bf16";
   std::string kv_scale = "dynamic";
   std::string kv_scales_path;

@@ -121,6 +121,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   auto wo = parse_weight_options(o.prefill_weights, o.decode_weights, o.int4_group,
                                  o.int4_lm_head);
   if (!wo) return wo.error();
+  wo->backend = o.device;
   // The model path is opened once: the config, every weight set and the
   // tokenizer come from the same files.
   Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
@@ -179,8 +180,14 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
     po.static_v_scales = std::move(sc->v);
   }
   int64_t budget = o.kv_memory_bytes;
+  backend::Backend& be = e->model_->backend();
+  if (!be.host_memory())
+    po.arena = [&be](size_t bytes) {
+      auto buf = std::make_shared<backend::DeviceBuffer>(be.alloc(bytes));
+      return std::shared_ptr<uint8_t>(buf, static_cast<uint8_t*>(buf->data()));
+    };
   if (budget <= 0) {
-    const int64_t avail = mem_available_bytes();
+    const int64_t avail = be.free_memory() >= 0 ? be.free_memory() : mem_available_bytes();
     if (avail <= 0)
       return make_error("engine: cannot read MemAvailable; give the KV budget explicitly");
     budget = int64_t(double(avail) * o.kv_memory_fraction);

@@ -57,6 +57,9 @@ struct EngineOptions {
   std::string
       tokenizer_path;  // empty: the model's own; else a GGUF or a directory with tokenizer.json
   int threads = 0;     // 0 = OpenMP's default
+  // The backend the model computes on: "cpu", or "cuda" (KVANT_CUDA builds
+  // on a machine with a GPU: weights, activations and KV pages in its memory).
+  std::string device = "cpu";
   // Weight precision per phase: "native" (the checkpoint's own), "bf16" or
   // "int4"; when they differ both sets stay resident. INT4 from a BF16/GGUF
   // checkpoint is quantized at load (RTN, int4_group, symmetric).

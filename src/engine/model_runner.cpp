@@ -54,6 +54,17 @@ int ModelRunner::prefill_set() const { return impl_->model->prefill_set(); }
 int ModelRunner::decode_set() const { return impl_->model->decode_set(); }
 std::string ModelRunner::set_precision(int set) const { return impl_->model->set_precision(set); }
 size_t ModelRunner::set_bytes(int set) const { return impl_->model->set_bytes(set); }
+std::string ModelRunner::backend_name() const { return impl_->model->backend_name(); }
+std::string ModelRunner::device() const { return impl_->model->backend().device(); }
+
+std::function<std::shared_ptr<uint8_t>(size_t)> ModelRunner::kv_arena() const {
+  backend::Backend& be = impl_->model->backend();
+  if (be.host_memory()) return nullptr;
+  return [&be](size_t bytes) {
+    auto buf = std::make_shared<backend::DeviceBuffer>(be.alloc(bytes));
+    return std::shared_ptr<uint8_t>(buf, static_cast<uint8_t*>(buf->data()));
+  };
+}
 double ModelRunner::comm_seconds() const { return impl_->model->comm_seconds(); }
 void ModelRunner::set_comm_split(bool on) { impl_->model->set_comm_split(on); }
 double ModelRunner::comm_wait_seconds() const { return impl_->model->comm_wait_seconds(); }

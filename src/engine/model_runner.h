@@ -81,6 +81,12 @@ class ModelRunner {
   std::string set_precision(int set) const;
   // Bytes of a set's weights as held in memory (every product and the embedding).
   size_t set_bytes(int set) const;
+  // The backend's name and device ("cpu", "avx512bf16"; "cuda", the GPU).
+  std::string backend_name() const;
+  std::string device() const;
+  // Memory for KV pages where the backend computes (SeqKvOptions::arena):
+  // null for a host-memory backend.
+  std::function<std::shared_ptr<uint8_t>(size_t bytes)> kv_arena() const;
 
   // Plans the workspace for forwards of up to `tokens` rows attending over
   // up to `context` positions, so that they allocate nothing; a larger one

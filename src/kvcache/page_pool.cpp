@@ -67,16 +67,19 @@ Result<std::unique_ptr<PagePool>> PagePool::create(const PagePoolOptions& o) {
                       kv_scale_mode_name(g.scale_mode));
   }
 
-  std::unique_ptr<PagePool> pool(new PagePool(*layout, uint32_t(pages)));
+  std::unique_ptr<PagePool> pool(new PagePool(*layout, uint32_t(pages), o.arena));
   pool->static_k_ = std::move(ks);
   pool->static_v_ = std::move(vs);
   return pool;
 }
 
-PagePool::PagePool(const KvLayout& layout, uint32_t num_pages)
+PagePool::PagePool(const KvLayout& layout, uint32_t num_pages,
+                   const std::function<std::shared_ptr<uint8_t>(size_t)>& arena)
     : layout_(layout),
       num_pages_(num_pages),
-      arena_(size_t(num_pages) * size_t(layout.page_bytes)),
+      arena_(arena ? 0 : size_t(num_pages) * size_t(layout.page_bytes)),
+      ext_arena_(arena ? arena(size_t(num_pages) * size_t(layout.page_bytes)) : nullptr),
+      base_(arena ? ext_arena_.get() : arena_.data()),
       generations_(num_pages, kFreeGeneration),
       refcounts_(num_pages, 0),
       checksums_(num_pages, 0),
@@ -166,34 +169,34 @@ int64_t PagePool::block_offset(uint32_t page, int64_t layer) const {
 
 uint8_t* PagePool::page_data(uint32_t page) {
   KV_CHECK_LT(page, num_pages_);
-  return arena_.data() + int64_t(page) * layout_.page_bytes;
+  return base_ + int64_t(page) * layout_.page_bytes;
 }
 const uint8_t* PagePool::page_data(uint32_t page) const {
   KV_CHECK_LT(page, num_pages_);
-  return arena_.data() + int64_t(page) * layout_.page_bytes;
+  return base_ + int64_t(page) * layout_.page_bytes;
 }
 
 void* PagePool::k_data(uint32_t page, int64_t layer) {
-  return arena_.data() + block_offset(page, layer) + layout_.k_offset;
+  return base_ + block_offset(page, layer) + layout_.k_offset;
 }
 void* PagePool::v_data(uint32_t page, int64_t layer) {
-  return arena_.data() + block_offset(page, layer) + layout_.v_offset;
+  return base_ + block_offset(page, layer) + layout_.v_offset;
 }
 const void* PagePool::k_data(uint32_t page, int64_t layer) const {
-  return arena_.data() + block_offset(page, layer) + layout_.k_offset;
+  return base_ + block_offset(page, layer) + layout_.k_offset;
 }
 const void* PagePool::v_data(uint32_t page, int64_t layer) const {
-  return arena_.data() + block_offset(page, layer) + layout_.v_offset;
+  return base_ + block_offset(page, layer) + layout_.v_offset;
 }
 
 uint16_t* PagePool::k_scales(uint32_t page, int64_t layer) {
   if (layout_.scale_block_bytes == 0) return nullptr;
-  return reinterpret_cast<uint16_t*>(arena_.data() + block_offset(page, layer) +
+  return reinterpret_cast<uint16_t*>(base_ + block_offset(page, layer) +
                                   layout_.k_scale_offset);
 }
 uint16_t* PagePool::v_scales(uint32_t page, int64_t layer) {
   if (layout_.scale_block_bytes == 0) return nullptr;
-  return reinterpret_cast<uint16_t*>(arena_.data() + block_offset(page, layer) +
+  return reinterpret_cast<uint16_t*>(base_ + block_offset(page, layer) +
                                   layout_.v_scale_offset);
 }
 const uint16_t* PagePool::k_scales(uint32_t page, int64_t layer) const {

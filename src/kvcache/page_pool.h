@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,6 +39,10 @@ struct PagePoolOptions {
   // empty with shared_kv (the K scale serves the shared row).
   std::vector<float> static_k_scales = {};
   std::vector<float> static_v_scales = {};
+  // Where the arena lives: null, host memory; else a function returning
+  // `bytes` zeroed bytes that the host can also read and write (a GPU
+  // backend's memory for its KV pages).
+  std::function<std::shared_ptr<uint8_t>(size_t bytes)> arena = nullptr;
 };
 
 class PagePool {
@@ -147,7 +153,8 @@ class PagePool {
 
  private:
   friend class FaultInjector;
-  PagePool(const KvLayout& layout, uint32_t num_pages);
+  PagePool(const KvLayout& layout, uint32_t num_pages,
+           const std::function<std::shared_ptr<uint8_t>(size_t)>& arena);
   // Frees a page whatever its refcount (fault injection only).
   void force_free(uint32_t page);
   void free_page(uint32_t page);
@@ -156,7 +163,9 @@ class PagePool {
 
   KvLayout layout_;
   uint32_t num_pages_ = 0;
-  AlignedBuffer<uint8_t> arena_;       // [num_pages, page_bytes]
+  AlignedBuffer<uint8_t> arena_;       // [num_pages, page_bytes] in host memory, or
+  std::shared_ptr<uint8_t> ext_arena_;  // ... from PagePoolOptions::arena
+  uint8_t* base_ = nullptr;             // whichever holds the pages
   std::vector<uint32_t> generations_;  // [num_pages]; 0 = free
   std::vector<uint32_t> refcounts_;    // [num_pages]
   std::vector<uint32_t> free_list_;    // stack; capacity num_pages, never reallocates

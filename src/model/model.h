@@ -130,6 +130,7 @@ class Model {
   // Bytes of a set's weights as held in memory (every product and the embedding).
   size_t set_bytes(int i) const;
   const char* backend_name() const { return be_->name(); }
+  backend::Backend& backend() const { return *be_; }
 
   // Plans the workspace (the model's activations and the backend's scratch)
   // for steps of up to `tokens` rows attending over up to `context`

@@ -28,9 +28,16 @@ SeqKv::SeqKv(const ModelConfig& c, int64_t capacity, const SeqKvOptions& o) {
   KV_CHECK(layout.ok());
   fmt_ = kv_format(*layout, o.static_k, o.static_v);
   const int64_t n_pages = (capacity + fmt_.page_tokens - 1) / fmt_.page_tokens;
-  arena_ = AlignedBuffer<uint8_t>(size_t(n_pages * layout->page_bytes));
-  for (int64_t p = 0; p < n_pages; ++p)
-    page_ptrs_.push_back(arena_.data() + p * layout->page_bytes);
+  const size_t bytes = size_t(n_pages * layout->page_bytes);
+  uint8_t* base;
+  if (o.arena) {
+    ext_arena_ = o.arena(bytes);
+    base = ext_arena_.get();
+  } else {
+    arena_ = AlignedBuffer<uint8_t>(bytes);
+    base = arena_.data();
+  }
+  for (int64_t p = 0; p < n_pages; ++p) page_ptrs_.push_back(base + p * layout->page_bytes);
   format = &fmt_;
   pages = page_ptrs_.data();
   this->n_pages = n_pages;

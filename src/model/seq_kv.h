@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/aligned.h"
@@ -25,6 +27,9 @@ struct SeqKvOptions {
   bool dynamic_scales = false;            // FP8: per-(token, head) scales in the page
   std::vector<float> static_k, static_v;  // FP8 static: [layers * kv_heads]
   int64_t page_tokens = 16;
+  // Where the pages live: null, host memory; else as PagePoolOptions::arena
+  // (a GPU backend's memory: ModelRunner::kv_arena()).
+  std::function<std::shared_ptr<uint8_t>(size_t bytes)> arena = nullptr;
 };
 
 class SeqKv : public KvSpan {
@@ -36,6 +41,7 @@ class SeqKv : public KvSpan {
  private:
   KvFormat fmt_;
   AlignedBuffer<uint8_t> arena_;
+  std::shared_ptr<uint8_t> ext_arena_;
   std::vector<uint8_t*> page_ptrs_;
 };
 

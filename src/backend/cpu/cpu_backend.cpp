@@ -354,20 +354,5 @@ std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>(kernels::active());
 }
 
-std::vector<std::string> available_backends() { return {"cpu"}; }
-
-std::string backend_device(const std::string& name) {
-  auto b = make_backend(name);
-  return b ? b->device() : std::string();
-}
-
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return make_cpu_backend();
-  if (name == "cpu-scalar")
-    return std::make_unique<CpuBackend>(*kernels::table_for(kernels::Isa::Scalar), 1,
-                                        "cpu-scalar");
-  return nullptr;
-}
-
 }  // namespace backend
 }  // namespace kvant

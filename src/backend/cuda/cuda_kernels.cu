@@ -1,0 +1,799 @@
+// The CUDA backend's kernels (cuda_kernels.h). Straightforward forms first,
+// each checked against the CPU reference by tests/unit/backend_ops_test.cpp:
+// row operations one block per row, a warp-per-output GEMV for up to 8
+// rows and a shared-memory tiled GEMM above that, split-context paged decode
+// attention that decodes FP8 pages in the kernel, and a tiled causal prefill
+// attention over the gathered BF16 rows. Element conversions are
+// device_math.h's, so page bytes are bitwise the CPU backend's.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/device_math.h"
+
+namespace kvant::cuda {
+namespace {
+
+namespace cm = kvant::cuda_math;
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
+__device__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : 0.f;
+  return warp_sum(t);
+}
+
+__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+unsigned grid1(int64_t n, int threads) {
+  return unsigned(cdiv(n, threads) < 65535 * 32 ? cdiv(n, threads) : 65535 * 32);
+}
+
+// ---- rows ---------------------------------------------------------------
+
+__global__ void embed_k(const uint16_t* table, int64_t rows, int64_t cols, int64_t row0,
+                        const int32_t* tokens, float scale, float* out, int64_t ldo) {
+  const int64_t t = blockIdx.x;
+  const int64_t r = int64_t(tokens[t]) - row0;
+  float* o = out + t * ldo;
+  const bool in = r >= 0 && r < rows;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    o[c] = in ? cm::bf16_to_f32(table[r * cols + c]) * scale : 0.f;
+}
+
+// Each row split into `segs` segments of cols / segs values (RMSNorm per
+// head when segs > 1), one block per (row, segment).
+__global__ void rmsnorm_k(const float* x, int64_t ldx, const float* w, float eps, float* y,
+                          int64_t ldy, int64_t n, int64_t segs) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x / segs, sg = blockIdx.x % segs;
+  const float* xr = x + r * ldx + sg * n;
+  float* yr = y + r * ldy + sg * n;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, red);
+  const float inv = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void layernorm_k(float* x, int64_t ld, const float* w, const float* b, double eps,
+                            int64_t n) {
+  __shared__ double red[32];
+  float* k = x + int64_t(blockIdx.x) * ld;
+  const int lane = threadIdx.x % kWarp, wi = threadIdx.x / kWarp, nw = blockDim.x / kWarp;
+  auto dsum = [&](double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) red[wi] = v;
+    __syncthreads();
+    double t = lane < nw ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+  };
+  double s = 0;
+  for (int64_t d = threadIdx.x; d < n; d += blockDim.x) s += k[d];
+  const double mean = dsum(s) / double(n);
+  double v = 0;
+  for (int64_t d = threadIdx.x; d < n; d += blockDim.x) v += (k[d] - mean) * (k[d] - mean);
+  const float inv = float(1.0 / sqrt(dsum(v) / double(n) + eps));
+  for (int64_t d = threadIdx.x; d < n; d += blockDim.x)
+    k[d] = (k[d] - float(mean)) * inv * w[d] + b[d];
+}
+
+__global__ void add_k(float* x, int64_t ldx, const float* y, int64_t ldy, const float* bias,
+                      int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    x[r * ldx + c] += y ? y[r * ldy + c] : bias[c];
+  }
+}
+
+__global__ void gated_k(int act, const float* gu, int64_t ldg, float* out, int64_t ldo, int64_t rows,
+                        int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const double g = gu[r * ldg + c], u = gu[r * ldg + cols + c];
+    double a;
+    if (act == 0) {
+      a = g / (1.0 + exp(-g));
+    } else {
+      const double k = 0.7978845608028654;  // sqrt(2 / pi)
+      a = 0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g)));
+    }
+    out[r * ldo + c] = float(a * u);
+  }
+}
+
+__global__ void softcap_k(float* x, int64_t ld, float cap, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float* p = x + (i / cols) * ld + i % cols;
+    *p = tanhf(*p / cap) * cap;
+  }
+}
+
+__global__ void copy_rows_k(const float* src, int64_t lds, const int64_t* sr, float* dst, int64_t ldd,
+                            const int64_t* dr, int64_t cols) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + (sr ? sr[i] : i) * lds;
+  float* d = dst + (dr ? dr[i] : i) * ldd;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+// ---- linear products ----------------------------------------------------
+
+__device__ __forceinline__ float w_at(const DevWeights& w, int64_t n, int64_t k) {
+  switch (w.kind) {
+    case WKind::kInt4: {
+      const int64_t G = (w.k + w.group - 1) / w.group, g = n * G + k / w.group;
+      const uint8_t b = w.q[n * (w.k / 2) + k / 2];
+      return cm::int4_value(cm::nibble(b, int(k & 1)), w.zeros ? w.zeros[g] : 0, w.scales[g]);
+    }
+    case WKind::kFp8: {
+      const int64_t G = (w.k + w.group - 1) / w.group;
+      return cm::e4m3_to_f32(w.q[n * w.k + k]) * w.scales[n * G + k / w.group];
+    }
+    default:
+      return cm::bf16_to_f32(w.bf16[n * w.k + k]);
+  }
+}
+
+// Eight consecutive weights of row n from column k (k % 8 == 0, rows of k % 8 == 0).
+template <WKind K>
+__device__ __forceinline__ void w8(const DevWeights& w, int64_t n, int64_t k, float* o) {
+  if constexpr (K == WKind::kBf16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(w.bf16 + n * w.k + k);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = cm::bits_f32(u[i] << 16);
+      o[2 * i + 1] = cm::bits_f32(u[i] & 0xffff0000u);
+    }
+  } else if constexpr (K == WKind::kInt4) {
+    const int64_t G = (w.k + w.group - 1) / w.group, g = n * G + k / w.group;
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(w.q + n * (w.k / 2) + k / 2);
+    const float s = w.scales[g];
+    const int z = w.zeros ? w.zeros[g] : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = float(int((v >> (4 * i)) & 0xfu) - 8 - z) * s;
+  } else {
+    const int64_t G = (w.k + w.group - 1) / w.group;
+    const uint2 v = *reinterpret_cast<const uint2*>(w.q + n * w.k + k);
+    const float s = w.scales[n * G + k / w.group];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[i] = cm::e4m3_to_f32(uint8_t(v.x >> (8 * i))) * s;
+      o[4 + i] = cm::e4m3_to_f32(uint8_t(v.y >> (8 * i))) * s;
+    }
+  }
+}
+
+// One warp per output row, M activation rows at once (M <= 8): each lane
+// takes 8 consecutive columns at a time, the warp sums its lanes.
+template <int M, WKind K>
+__global__ void __launch_bounds__(256) gemv_k(const float* x, int64_t ldx, DevWeights w, float* y,
+                                              int64_t ldy) {
+  const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (n >= w.n) return;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  for (int64_t k = int64_t(lane) * 8; k < w.k; k += 8 * kWarp) {
+    float wv[8];
+    w8<K>(w, n, k, wv);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float4 a = *reinterpret_cast<const float4*>(x + m * ldx + k);
+      const float4 b = *reinterpret_cast<const float4*>(x + m * ldx + k + 4);
+      float s = acc[m];
+      s = fmaf(cm::round_bf16(a.x), wv[0], s);
+      s = fmaf(cm::round_bf16(a.y), wv[1], s);
+      s = fmaf(cm::round_bf16(a.z), wv[2], s);
+      s = fmaf(cm::round_bf16(a.w), wv[3], s);
+      s = fmaf(cm::round_bf16(b.x), wv[4], s);
+      s = fmaf(cm::round_bf16(b.y), wv[5], s);
+      s = fmaf(cm::round_bf16(b.z), wv[6], s);
+      s = fmaf(cm::round_bf16(b.w), wv[7], s);
+      acc[m] = s;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float s = warp_sum(acc[m]);
+    if (lane == 0) y[m * ldy + n] = s;
+  }
+}
+
+// Any shape: 64x64 output tiles, 16 columns of k per stage, 4x4 per thread.
+__global__ void __launch_bounds__(256) gemm_k(const float* x, int64_t ldx, int64_t m, DevWeights w,
+                                              float* y, int64_t ldy) {
+  __shared__ float xs[16][65];
+  __shared__ float ws[16][65];
+  const int64_t m0 = int64_t(blockIdx.y) * 64, n0 = int64_t(blockIdx.x) * 64;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < w.k; k0 += 16) {
+    for (int i = threadIdx.x; i < 16 * 64; i += 256) {
+      const int kk = i % 16, r = i / 16;
+      const int64_t gm = m0 + r, gn = n0 + r, gk = k0 + kk;
+      xs[kk][r] = gm < m && gk < w.k ? cm::round_bf16(x[gm * ldx + gk]) : 0.f;
+      ws[kk][r] = gn < w.n && gk < w.k ? w_at(w, gn, gk) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = xs[kk][ty * 4 + i];
+        b[i] = ws[kk][tx * 4 + i];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
+      if (gm < m && gn < w.n) y[gm * ldy + gn] = acc[i][j];
+    }
+}
+
+template <WKind K>
+void gemv_launch(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
+                 cudaStream_t s) {
+  const dim3 g(unsigned(cdiv(w.n, 8)));
+  switch (m) {
+    case 1: gemv_k<1, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 2: gemv_k<2, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 3: gemv_k<3, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 4: gemv_k<4, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 5: gemv_k<5, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 6: gemv_k<6, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    case 7: gemv_k<7, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+    default: gemv_k<8, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+  }
+}
+
+// ---- KV pages -----------------------------------------------------------
+
+__device__ __forceinline__ float kv_decode(int32_t elem, const uint8_t* row, int64_t d) {
+  if (elem == 0) return cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[d]);
+  return elem == 1 ? cm::e4m3_to_f32(row[d]) : cm::e5m2_to_f32(row[d]);
+}
+
+__device__ __forceinline__ uint8_t* page_of(const DevStep& st, const DevKvFormat& f, const DevChunk& c,
+                                            int64_t pos) {
+  return st.pages[c.page0 + pos / f.page_tokens] + f.layer_off;
+}
+
+// One block per token, one warp per KV head.
+__global__ void kv_store_k(DevStep st, DevKvFormat f, const float* k, int64_t ldk, const float* v,
+                           int64_t ldv) {
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x % kWarp;
+  const DevChunk& c = st.chunks[st.tok_chunk[t]];
+  const int64_t pos = st.tok_pos[t], slot = pos % f.page_tokens;
+  uint8_t* page = page_of(st, f, c, pos);
+  const int64_t hd = f.head_dim;
+  const float max_finite = f.elem == 1 ? 448.f : 57344.f;
+  for (int h = threadIdx.x / kWarp; h < f.kv_heads; h += blockDim.x / kWarp) {
+    for (int which = 0; which < (v ? 2 : 1); ++which) {
+      const float* x = (which == 0 ? k + t * ldk : v + t * ldv) + h * hd;
+      uint8_t* dst = page + (which == 0 ? f.k_offset : f.v_offset) + slot * f.row_bytes;
+      if (f.elem == 0) {
+        auto* o = reinterpret_cast<uint16_t*>(dst) + h * hd;
+        for (int64_t d = lane; d < hd; d += kWarp) o[d] = cm::f32_to_bf16(x[d]);
+        continue;
+      }
+      float s;
+      if (f.dynamic) {
+        float amax = 0.f;
+        for (int64_t d = lane; d < hd; d += kWarp) amax = fmaxf(amax, cm::finite_abs(x[d]));
+        s = cm::kv_scale_from_amax(warp_max(amax), max_finite);
+        auto* sc = reinterpret_cast<uint16_t*>(page + (which == 0 ? f.k_scale_offset : f.v_scale_offset));
+        if (lane == 0) sc[slot * f.kv_heads + h] = cm::f32_to_bf16(s);
+      } else {
+        s = which == 0 ? f.static_k[h] : f.static_v[h];
+      }
+      const uint32_t mb = f.elem == 1 ? 3u : 2u;
+      for (int64_t d = lane; d < hd; d += kWarp) dst[h * hd + d] = cm::f32_to_fp8(x[d] / s, mb);
+    }
+  }
+}
+
+__global__ void kv_store_index_k(DevStep st, DevKvFormat f, const float* k, int64_t ldk) {
+  const int64_t t = blockIdx.x;
+  const DevChunk& c = st.chunks[st.tok_chunk[t]];
+  const int64_t pos = st.tok_pos[t], slot = pos % f.page_tokens;
+  auto* o = reinterpret_cast<uint16_t*>(page_of(st, f, c, pos) + f.index_offset) + slot * f.index_dim;
+  for (int64_t d = threadIdx.x; d < f.index_dim; d += blockDim.x) o[d] = cm::f32_to_bf16(k[t * ldk + d]);
+}
+
+// One block per gathered row: a position of a prefill chunk, from its page
+// (earlier positions) or from the fresh FP32 rows (the chunk's own).
+__global__ void kv_gather_k(DevStep st, DevKvFormat f, const float* kn, int64_t ldkn, const float* vn,
+                            int64_t ldvn, uint16_t* gk, int64_t ldgk, uint16_t* gv, int64_t ldgv) {
+  const int64_t e = st.gather_rows[blockIdx.x];
+  const DevChunk& c = st.chunks[e >> 40];
+  const int64_t j = e & ((int64_t(1) << 40) - 1);
+  const int64_t row = c.gather_off + j - c.gather_j0, kvd = int64_t(f.kv_heads) * f.head_dim;
+  uint16_t* dk = gk + row * ldgk;
+  uint16_t* dv = vn ? gv + row * ldgv : nullptr;
+  if (j >= c.pos0) {
+    const int64_t t = c.t0 + j - c.pos0;
+    for (int64_t d = threadIdx.x; d < kvd; d += blockDim.x) {
+      dk[d] = cm::f32_to_bf16(kn[t * ldkn + d]);
+      if (dv) dv[d] = cm::f32_to_bf16(vn[t * ldvn + d]);
+    }
+    return;
+  }
+  const uint8_t* page = page_of(st, f, c, j);
+  const int64_t slot = j % f.page_tokens;
+  const uint8_t* kr = page + f.k_offset + slot * f.row_bytes;
+  const uint8_t* vr = page + f.v_offset + slot * f.row_bytes;
+  const auto* ks = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot * f.kv_heads;
+  const auto* vs = reinterpret_cast<const uint16_t*>(page + f.v_scale_offset) + slot * f.kv_heads;
+  for (int64_t d = threadIdx.x; d < kvd; d += blockDim.x) {
+    if (f.elem == 0) {
+      dk[d] = reinterpret_cast<const uint16_t*>(kr)[d];
+      if (dv) dv[d] = reinterpret_cast<const uint16_t*>(vr)[d];
+      continue;
+    }
+    const int64_t h = d / f.head_dim;
+    const float sk = f.dynamic ? cm::bf16_to_f32(ks[h]) : f.static_k[h];
+    dk[d] = cm::f32_to_bf16(kv_decode(f.elem, kr, d) * sk);
+    if (dv) {
+      const float sv = f.dynamic ? cm::bf16_to_f32(vs[h]) : f.static_v[h];
+      dv[d] = cm::f32_to_bf16(kv_decode(f.elem, vr, d) * sv);
+    }
+  }
+}
+
+// ---- decode attention ---------------------------------------------------
+
+constexpr int kDecThreads = 256;
+constexpr int kDecTile = 256;     // tokens scored per pass (one per thread)
+constexpr int kDecHeads = 8;      // query heads per block (one warp each in the softmax)
+constexpr int64_t kSplitTokens = 512;
+
+int64_t n_splits(int64_t max_ctx) { return cdiv(max_ctx > 0 ? max_ctx : 1, kSplitTokens); }
+
+// Block (decode chunk, KV head x head block, split): scores a tile of
+// positions (one per thread), an online softmax per head (one warp per
+// head), then the weighted V rows (threads over dimension pairs and token
+// groups). Writes the split's unnormalized output with its max and sum.
+__global__ void __launch_bounds__(kDecThreads) decode_k(DevStep st, DevKvFormat f, DecodeArgs a,
+                                                        float* partial) {
+  __shared__ float qs[kDecHeads][kMaxAttnDim];
+  __shared__ float sc[kDecHeads][kDecTile];
+  __shared__ float red[kDecHeads * kDecThreads * 2];
+  __shared__ const uint8_t* vrow[kDecTile];
+  __shared__ float vscale[kDecTile];
+  __shared__ float m_run[kDecHeads], l_run[kDecHeads], alpha[kDecHeads];
+
+  const int64_t d_idx = blockIdx.x;
+  const int group = a.heads / a.kv_heads;
+  const int hblocks = (group + kDecHeads - 1) / kDecHeads;
+  const int kvh = int(blockIdx.y) / hblocks, hb = int(blockIdx.y) % hblocks;
+  const int h0 = kvh * group + hb * kDecHeads;
+  const int nh = min(kDecHeads, group - hb * kDecHeads);
+  const int hd = a.head_dim;
+  const int64_t splits = gridDim.z, split = blockIdx.z;
+  const DevChunk& c = st.chunks[st.decode_chunks[d_idx]];
+  const int64_t row = a.rows_by_token ? c.t0 : d_idx;
+  const int64_t pos = c.pos0;
+  const bool sparse = a.topk > 0 && a.sparse[c.t0];
+  const int32_t* sel = sparse ? a.sel + c.t0 * a.topk : nullptr;
+  const int64_t j0 = sparse ? 0 : (a.window > 0 ? max(int64_t(0), pos - a.window + 1) : 0);
+  const int64_t n = sparse ? a.topk : pos - j0 + 1;
+  const int64_t per = cdiv(n, splits);
+  const int64_t i0 = split * per, i1 = min(n, i0 + per);
+
+  for (int i = threadIdx.x; i < kDecHeads * hd; i += blockDim.x) {
+    const int h = i / hd, d = i % hd;
+    qs[h][d] = h < nh ? a.q[row * a.ldq + int64_t(h0 + h) * hd + d] : 0.f;
+  }
+  if (threadIdx.x < kDecHeads) {
+    m_run[threadIdx.x] = -INFINITY;
+    l_run[threadIdx.x] = 0.f;
+    alpha[threadIdx.x] = 1.f;
+  }
+  const int np = hd / 2;  // dimension pairs
+  int npp = 1;
+  while (npp < np) npp <<= 1;
+  const int tg_n = kDecThreads / npp;  // token groups in the V pass
+  const int dp = threadIdx.x % npp, tg = threadIdx.x / npp;
+  float o[kDecHeads][2];
+#pragma unroll
+  for (int h = 0; h < kDecHeads; ++h) o[h][0] = o[h][1] = 0.f;
+  const int64_t eb = f.elem == 0 ? 2 : 1;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+
+  for (int64_t base = i0; base < i1; base += kDecTile) {
+    const int tn = int(min(int64_t(kDecTile), i1 - base));
+    // Scores: one position per thread.
+    if (threadIdx.x < tn) {
+      const int64_t j = sparse ? int64_t(sel[base + threadIdx.x]) : j0 + base + threadIdx.x;
+      const uint8_t* page = page_of(st, f, c, j);
+      const int64_t slot = j % f.page_tokens;
+      const uint8_t* kr = page + f.k_offset + slot * f.row_bytes + int64_t(kvh) * hd * eb;
+      vrow[threadIdx.x] = page + f.v_offset + slot * f.row_bytes + int64_t(kvh) * hd * eb;
+      float ks = 1.f, vs = 1.f;
+      if (f.elem != 0) {
+        if (f.dynamic) {
+          ks = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot * f.kv_heads + kvh]);
+          vs = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[slot * f.kv_heads + kvh]);
+        } else {
+          ks = f.static_k[kvh];
+          vs = f.static_v[kvh];
+        }
+      }
+      vscale[threadIdx.x] = vs;
+      float acc[kDecHeads];
+#pragma unroll
+      for (int h = 0; h < kDecHeads; ++h) acc[h] = 0.f;
+      for (int d = 0; d < hd; d += 2) {
+        float k0, k1;
+        if (f.elem == 0) {
+          const uint32_t u = *reinterpret_cast<const uint32_t*>(kr + 2 * d);
+          k0 = cm::bits_f32(u << 16);
+          k1 = cm::bits_f32(u & 0xffff0000u);
+        } else {
+          const uint16_t u = *reinterpret_cast<const uint16_t*>(kr + d);
+          k0 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
+          k1 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
+        }
+#pragma unroll
+        for (int h = 0; h < kDecHeads; ++h) acc[h] = fmaf(qs[h][d + 1], k1, fmaf(qs[h][d], k0, acc[h]));
+      }
+      const float cs = a.scale * ks;
+#pragma unroll
+      for (int h = 0; h < kDecHeads; ++h) sc[h][threadIdx.x] = acc[h] * cs;
+    }
+    __syncthreads();
+    // Online softmax: warp h owns head h.
+    if (warp < nh) {
+      const int h = warp;
+      float mx = -INFINITY;
+      for (int i = lane; i < tn; i += kWarp) mx = fmaxf(mx, sc[h][i]);
+      mx = warp_max(mx);
+      const float m_new = fmaxf(m_run[h], mx);
+      float sum = 0.f;
+      for (int i = lane; i < tn; i += kWarp) {
+        const float p = m_new == -INFINITY ? 0.f : __expf(sc[h][i] - m_new);
+        sum += p;
+        sc[h][i] = p * vscale[i];
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float al = m_run[h] == -INFINITY ? 0.f : __expf(m_run[h] - m_new);
+        alpha[h] = al;
+        l_run[h] = l_run[h] * al + sum;
+        m_run[h] = m_new;
+      }
+    }
+    __syncthreads();
+    // Weighted V: this thread's dimension pair over its token group.
+    if (dp < np) {
+#pragma unroll
+      for (int h = 0; h < kDecHeads; ++h) {
+        o[h][0] *= alpha[h];
+        o[h][1] *= alpha[h];
+      }
+      for (int i = tg; i < tn; i += tg_n) {
+        const uint8_t* vr = vrow[i];
+        float v0, v1;
+        if (f.elem == 0) {
+          const uint32_t u = *reinterpret_cast<const uint32_t*>(vr + 4 * dp);
+          v0 = cm::bits_f32(u << 16);
+          v1 = cm::bits_f32(u & 0xffff0000u);
+        } else {
+          const uint16_t u = *reinterpret_cast<const uint16_t*>(vr + 2 * dp);
+          v0 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
+          v1 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
+        }
+#pragma unroll
+        for (int h = 0; h < kDecHeads; ++h) {
+          o[h][0] = fmaf(sc[h][i], v0, o[h][0]);
+          o[h][1] = fmaf(sc[h][i], v1, o[h][1]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  // Sum the token groups and write the split's partial result.
+#pragma unroll
+  for (int h = 0; h < kDecHeads; ++h) {
+    red[(h * kDecThreads + threadIdx.x) * 2] = o[h][0];
+    red[(h * kDecThreads + threadIdx.x) * 2 + 1] = o[h][1];
+  }
+  __syncthreads();
+  const int64_t stride = hd + 2;
+  for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) {
+    const int h = i / hd, d = i % hd, p = d / 2, e = d % 2;
+    float s = 0.f;
+    for (int g = 0; g < tg_n; ++g) s += red[(h * kDecThreads + g * npp + p) * 2 + e];
+    float* dst = partial + ((d_idx * a.heads + h0 + h) * splits + split) * stride;
+    dst[d] = s;
+  }
+  if (threadIdx.x < nh) {
+    float* dst = partial + ((d_idx * a.heads + h0 + threadIdx.x) * splits + split) * stride;
+    dst[hd] = m_run[threadIdx.x];
+    dst[hd + 1] = l_run[threadIdx.x];
+  }
+}
+
+// Joins the splits of each (decode chunk, head).
+__global__ void decode_combine_k(DevStep st, DecodeArgs a, const float* partial, int64_t splits) {
+  const int64_t d_idx = blockIdx.x, h = blockIdx.y, hd = a.head_dim, stride = hd + 2;
+  const DevChunk& c = st.chunks[st.decode_chunks[d_idx]];
+  const int64_t row = a.rows_by_token ? c.t0 : d_idx;
+  const float* p = partial + (d_idx * a.heads + h) * splits * stride;
+  float M = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, p[s * stride + hd]);
+  float L = 0.f;
+  for (int64_t s = 0; s < splits; ++s) {
+    const float m = p[s * stride + hd];
+    if (m != -INFINITY) L += p[s * stride + hd + 1] * __expf(m - M);
+  }
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int64_t s = 0; s < splits; ++s) {
+      const float m = p[s * stride + hd];
+      if (m != -INFINITY) o += p[s * stride + d] * __expf(m - M);
+    }
+    a.out[row * a.ldo + h * hd + d] = L > 0.f ? o / L : 0.f;
+  }
+}
+
+// ---- prefill attention --------------------------------------------------
+
+constexpr int kPreKeys = 16;
+constexpr int kPreThreads = 128;
+
+__device__ bool selected(const int32_t* sel, int64_t topk, int64_t j) {
+  int64_t lo = 0, hi = topk;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (sel[mid] < j) lo = mid + 1; else hi = mid;
+  }
+  return lo < topk && sel[lo] == j;
+}
+
+// Block (task, head): up to kPrefillQ consecutive tokens of one chunk and
+// one head, over tiles of kPreKeys gathered rows; online softmax per token.
+__global__ void __launch_bounds__(kPreThreads) prefill_k(DevStep st, PrefillArgs a, const int64_t* tasks) {
+  __shared__ float qs[kPrefillQ][kMaxAttnDim];
+  __shared__ float os[kPrefillQ][kMaxAttnDim];
+  __shared__ uint16_t ks[kPreKeys][kMaxAttnDim];
+  __shared__ uint16_t vs[kPreKeys][kMaxAttnDim];
+  __shared__ float sc[kPrefillQ][kPreKeys];
+  __shared__ float m_run[kPrefillQ], l_run[kPrefillQ], alpha[kPrefillQ];
+  __shared__ int64_t qpos[kPrefillQ], qj0[kPrefillQ];
+
+  const int64_t e = tasks[blockIdx.x];
+  const DevChunk& c = st.chunks[e >> 40];
+  const int64_t t0 = e & ((int64_t(1) << 40) - 1);
+  const int nq = int(min(int64_t(kPrefillQ), c.t0 + c.n_tokens - t0));
+  const int h = blockIdx.y, kvh = h / a.group, hd = a.head_dim, vd = a.v_dim;
+  const int64_t g0 = c.gather_off - c.gather_j0;
+  for (int i = threadIdx.x; i < kPrefillQ * hd; i += blockDim.x) {
+    const int q = i / hd, d = i % hd;
+    qs[q][d] = q < nq ? a.q[(t0 + q) * a.ldq + int64_t(h) * a.q_head_stride + d] : 0.f;
+  }
+  for (int i = threadIdx.x; i < kPrefillQ * vd; i += blockDim.x) os[i / vd][i % vd] = 0.f;
+  if (threadIdx.x < kPrefillQ) {
+    const int q = threadIdx.x;
+    const int64_t p = q < nq ? st.tok_pos[t0 + q] : 0;
+    qpos[q] = p;
+    qj0[q] = a.window > 0 ? max(int64_t(0), p - a.window + 1) : 0;
+    m_run[q] = -INFINITY;
+    l_run[q] = 0.f;
+  }
+  __syncthreads();
+  const int64_t lo = qj0[0], hi = qpos[nq - 1] + 1;
+  for (int64_t kb = lo; kb < hi; kb += kPreKeys) {
+    const int kn = int(min(int64_t(kPreKeys), hi - kb));
+    for (int i = threadIdx.x; i < kn * hd; i += blockDim.x) {
+      const int j = i / hd, d = i % hd;
+      ks[j][d] = a.k[(g0 + kb + j) * a.ldk + int64_t(kvh) * a.k_head_stride + d];
+    }
+    for (int i = threadIdx.x; i < kn * vd; i += blockDim.x) {
+      const int j = i / vd, d = i % vd;
+      vs[j][d] = a.v[(g0 + kb + j) * a.ldv + int64_t(kvh) * a.v_head_stride + d];
+    }
+    __syncthreads();
+    {
+      const int q = threadIdx.x / kPreKeys, j = threadIdx.x % kPreKeys;
+      float s = -INFINITY;
+      const int64_t pj = kb + j;
+      if (q < nq && j < kn && pj >= qj0[q] && pj <= qpos[q]) {
+        float acc = 0.f;
+        for (int d = 0; d < hd; ++d) acc = fmaf(qs[q][d], cm::bf16_to_f32(ks[j][d]), acc);
+        s = acc * a.scale;
+        if (a.softcap > 0.f) s = tanhf(s / a.softcap) * a.softcap;
+        if (a.topk > 0 && a.sparse[t0 + q] && !selected(a.sel + (t0 + q) * a.topk, a.topk, pj))
+          s = -INFINITY;
+      }
+      sc[q][j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < nq) {
+      const int q = threadIdx.x;
+      float mx = m_run[q];
+      for (int j = 0; j < kn; ++j) mx = fmaxf(mx, sc[q][j]);
+      float sum = 0.f;
+      for (int j = 0; j < kn; ++j) {
+        const float p = mx == -INFINITY ? 0.f : __expf(sc[q][j] - mx);
+        sc[q][j] = p;
+        sum += p;
+      }
+      const float al = m_run[q] == -INFINITY ? 0.f : __expf(m_run[q] - mx);
+      alpha[q] = al;
+      l_run[q] = l_run[q] * al + sum;
+      m_run[q] = mx;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nq * vd; i += blockDim.x) {
+      const int q = i / vd, d = i % vd;
+      float o = os[q][d] * alpha[q];
+      for (int j = 0; j < kn; ++j) o = fmaf(sc[q][j], cm::bf16_to_f32(vs[j][d]), o);
+      os[q][d] = o;
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < nq * vd; i += blockDim.x) {
+    const int q = i / vd, d = i % vd;
+    a.out[(t0 + q) * a.ldo + int64_t(h) * vd + d] = l_run[q] > 0.f ? os[q][d] / l_run[q] : 0.f;
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------
+
+void embed(const uint16_t* table, int64_t rows, int64_t cols, int64_t row0, const int32_t* tokens,
+           float scale, float* out, int64_t ldo, int64_t n, cudaStream_t s) {
+  if (n > 0) embed_k<<<unsigned(n), 256, 0, s>>>(table, rows, cols, row0, tokens, scale, out, ldo);
+}
+
+void rmsnorm(const float* x, int64_t ldx, const float* w, float eps, float* y, int64_t ldy,
+             int64_t rows, int64_t cols, int64_t segs, cudaStream_t s) {
+  if (rows == 0) return;
+  const int64_t n = cols / segs;
+  const int th = n >= 1024 ? 1024 : n >= 256 ? 256 : 64;
+  rmsnorm_k<<<unsigned(rows * segs), th, 0, s>>>(x, ldx, w, eps, y, ldy, n, segs);
+}
+
+void layernorm(float* x, int64_t ld, const float* w, const float* b, double eps, int64_t rows,
+               int64_t cols, cudaStream_t s) {
+  if (rows > 0) layernorm_k<<<unsigned(rows), 256, 0, s>>>(x, ld, w, b, eps, cols);
+}
+
+void add(float* x, int64_t ldx, const float* y, int64_t ldy, const float* bias, int64_t rows,
+         int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0) add_k<<<grid1(rows * cols, 256), 256, 0, s>>>(x, ldx, y, ldy, bias, rows, cols);
+}
+
+void gated_act(int act, const float* gu, int64_t ldg, float* out, int64_t ldo, int64_t rows,
+               int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0) gated_k<<<grid1(rows * cols, 256), 256, 0, s>>>(act, gu, ldg, out, ldo, rows, cols);
+}
+
+void softcap(float* x, int64_t ld, float cap, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols > 0) softcap_k<<<grid1(rows * cols, 256), 256, 0, s>>>(x, ld, cap, rows, cols);
+}
+
+void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* dst, int64_t ldd,
+               const int64_t* dst_rows, int64_t n, int64_t cols, cudaStream_t s) {
+  if (n > 0) copy_rows_k<<<unsigned(n), 256, 0, s>>>(src, lds, src_rows, dst, ldd, dst_rows, cols);
+}
+
+void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
+            cudaStream_t s) {
+  if (m == 0 || w.n == 0) return;
+  const bool vec = w.k % 8 == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   (w.kind != WKind::kInt4 || w.group % 8 == 0) &&
+                   (w.kind != WKind::kFp8 || w.group % 8 == 0);
+  if (vec && m <= 8) {
+    for (int64_t r = 0; r < m; r += 8) {
+      const int64_t mm = m - r < 8 ? m - r : 8;
+      if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
+      else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
+      else gemv_launch<WKind::kFp8>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
+    }
+    return;
+  }
+  const dim3 g(unsigned(cdiv(w.n, 64)), unsigned(cdiv(m, 64)));
+  gemm_k<<<g, 256, 0, s>>>(x, ldx, m, w, y, ldy);
+}
+
+__global__ void rope_k(float* x, int64_t ldx, int64_t heads, int64_t stride, int64_t dim,
+                       const float* cosv, int64_t ldc, const float* sinv, int64_t lds, int interleave) {
+  const int64_t t = blockIdx.x, half = dim / 2;
+  const float* c = cosv + t * ldc;
+  const float* s = sinv + t * lds;
+  for (int64_t i = threadIdx.x; i < heads * half; i += blockDim.x) {
+    const int64_t h = i / half, j = i % half;
+    float* p = x + t * ldx + h * stride;
+    const int64_t ia = interleave ? 2 * j : j, ib = interleave ? 2 * j + 1 : j + half;
+    const float va = p[ia], vb = p[ib];
+    p[ia] = va * c[j] - vb * s[j];
+    p[ib] = vb * c[j] + va * s[j];
+  }
+}
+
+void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_stride, int64_t dim,
+          const float* cos, int64_t ldc, const float* sin, int64_t lds, int interleave,
+          cudaStream_t s) {
+  if (rows > 0) rope_k<<<unsigned(rows), 128, 0, s>>>(x, ldx, heads, head_stride, dim, cos, ldc, sin, lds, interleave);
+}
+
+void kv_store(const DevStep& st, const DevKvFormat& f, const float* k, int64_t ldk, const float* v,
+              int64_t ldv, cudaStream_t s) {
+  if (st.n_tokens == 0) return;
+  const int th = f.kv_heads >= 8 ? 256 : 32 * f.kv_heads;
+  kv_store_k<<<unsigned(st.n_tokens), th, 0, s>>>(st, f, k, ldk, v, ldv);
+}
+
+void kv_store_index(const DevStep& st, const DevKvFormat& f, const float* k, int64_t ldk,
+                    cudaStream_t s) {
+  if (st.n_tokens > 0) kv_store_index_k<<<unsigned(st.n_tokens), 128, 0, s>>>(st, f, k, ldk);
+}
+
+void kv_gather(const DevStep& st, const DevKvFormat& f, const float* k_new, int64_t ldkn,
+               const float* v_new, int64_t ldvn, uint16_t* gk, int64_t ldgk, uint16_t* gv,
+               int64_t ldgv, cudaStream_t s) {
+  if (st.n_gather > 0)
+    kv_gather_k<<<unsigned(st.n_gather), 256, 0, s>>>(st, f, k_new, ldkn, v_new, ldvn, gk, ldgk, gv, ldgv);
+}
+
+int64_t decode_partial_floats(int64_t n_decode, int64_t heads, int64_t head_dim, int64_t max_ctx) {
+  return n_decode * heads * n_splits(max_ctx) * (head_dim + 2);
+}
+
+void attention_decode(const DevStep& st, const DevKvFormat& f, const DecodeArgs& a, float* partial,
+                      cudaStream_t s) {
+  if (st.n_decode == 0) return;
+  const int64_t group = a.heads / a.kv_heads, hblocks = cdiv(group, kDecHeads);
+  const int64_t splits = n_splits(st.max_ctx);
+  const dim3 g(unsigned(st.n_decode), unsigned(a.kv_heads * hblocks), unsigned(splits));
+  decode_k<<<g, kDecThreads, 0, s>>>(st, f, a, partial);
+  decode_combine_k<<<dim3(unsigned(st.n_decode), unsigned(a.heads)), 128, 0, s>>>(st, a, partial, splits);
+}
+
+void attention_prefill(const DevStep& st, const PrefillArgs& a, const int64_t* prefill_tasks,
+                       int64_t n_tasks, cudaStream_t s) {
+  if (n_tasks > 0)
+    prefill_k<<<dim3(unsigned(n_tasks), unsigned(a.heads)), kPreThreads, 0, s>>>(st, a, prefill_tasks);
+}
+
+}  // namespace kvant::cuda
