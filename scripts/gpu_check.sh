@@ -8,7 +8,8 @@
 #     BF16 / INT4 / FP8 GEMV on large matrices, paged decode attention over
 #     BF16 and FP8 pages at long contexts;
 #  3. kvant bench on a random-weight SmolLM2-135M-shaped checkpoint (kvant
-#     synth --scale 1): CPU against CUDA, BF16 and INT4 weights.
+#     synth --scale 1): one stream on CPU and CUDA, BF16 and INT4 weights;
+#     then through the engine on CUDA, BF16 vs FP8 KV at 1-64 concurrent.
 # Binaries: $KVANT_GPU_BIN (prebuilt by scripts/gpu_prepare.sh and carried
 # over), or else a CUDA build made here (needs kvant's build dependencies).
 set -uo pipefail
@@ -52,6 +53,19 @@ for dev in cuda cpu; do
       --gen-tokens 64 --reps 2 --json | tee -a "$OUT/bench.jsonl" || status=1
   done
 done
+
+step "kvant bench through the engine on CUDA: BF16 vs FP8 KV, BF16 vs INT4 weights, 1-64 concurrent"
+# The engine needs a tokenizer; the tiny test one will do for random prompts.
+cp tests/fixtures/tokenizer/hf_tiny/tokenizer.json tests/fixtures/tokenizer/hf_tiny/tokenizer_config.json "$M"/
+timeout 240 "$BIN/kvant" bench -m "$M" --device cuda --concurrency 1,16,64 --kv-dtype bf16,fp8_e4m3 \
+  --weights bf16,int4 --kv-memory 8GiB --prompt-tokens 256 --gen-tokens 64 --requests-per-client 1 \
+  --json > "$OUT/bench_engine.json" || status=1
+python3 - "$OUT/bench_engine.json" <<'PY' || true
+import json, sys
+j = json.load(open(sys.argv[1]))
+for c in j["configs"]:
+    print({k: c.get(k) for k in ("weights", "kv_dtype", "concurrency", "decode_tok_s", "output_tok_s", "ttft_ms_p50", "wall_s")})
+PY
 
 step "done: status $status"
 exit $status
