@@ -64,7 +64,7 @@ python3 - "$OUT/bench_engine.json" <<'PY' || true
 import json, sys
 j = json.load(open(sys.argv[1]))
 for c in j["configs"]:
-    print({k: c.get(k) for k in ("weights", "kv_dtype", "concurrency", "decode_tok_s", "output_tok_s", "ttft_ms_p50", "wall_s")})
+    print({k: c.get(k) for k in ("weights", "kv_dtype", "concurrency", "output_tok_s", "tpot_ms_p50", "ttft_ms_p50", "failed", "kv_capacity_tokens")})
 PY
 
 step "done: status $status"
