@@ -39,6 +39,12 @@ fi
 timeout 240 "$BIN/kvant_tests" --gtest_filter='*cuda*:*CudaMath*:-*GreedyGguf*' --gtest_brief=1 \
   --gtest_output="json:$OUT/gpu_tests.json" || status=1
 
+step "memcheck of the op tests (where compute-sanitizer runs: not on gVisor)"
+if command -v compute-sanitizer >/dev/null; then
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$BIN/kvant_tests" \
+    --gtest_filter='*BackendOps*cuda*' --gtest_brief=1 2>&1 | tail -15 || true
+fi
+
 step "kernel bandwidth (H200 HBM3e peak 4800 GB/s)"
 timeout 120 "$BIN/kvant_bench_cuda" --peak-gbs 4800 --reps 30 > "$OUT/kernels.jsonl" || status=1
 cat "$OUT/kernels.jsonl"

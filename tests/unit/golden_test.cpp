@@ -140,9 +140,23 @@ TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
   // Latent attention decodes single-token chunks another way (compared with
   // transformers above), so its chunks here all hold several tokens.
   const bool mla = (*m)->config().mla();
+  // Chunk 1 runs every token through decode attention. The CPU backend's
+  // decode and prefill attention sum in the same order (the same bits); a
+  // GPU backend's two kernels tile differently, so there the decode path is
+  // held to a tolerance and only the prefill chunkings to the same bits.
+  const bool cpu = std::get<1>(GetParam()).rfind("cpu", 0) == 0;
   for (int64_t chunk : mla ? std::vector<int64_t>{5, 16} : std::vector<int64_t>{1, 7, 16}) {
     auto parts = run_chunked(**m, g.ids, chunk);
     ASSERT_EQ(parts.size(), whole.size());
+    if (chunk == 1 && !cpu) {
+      double mx = 0, scale = 1;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        mx = std::max(mx, double(std::fabs(parts[i] - whole[i])));
+        scale = std::max(scale, double(std::fabs(whole[i])));
+      }
+      EXPECT_LE(mx, 1e-4 * scale) << arch() << ": decode path vs prefill, max |diff| " << mx;
+      continue;
+    }
     EXPECT_EQ(0, std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)))
         << arch() << " differs bitwise with prefill chunk " << chunk;
   }

@@ -409,6 +409,22 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
       tok_chunk.push_back(t.chunk);
       tok_pos.push_back(t.pos);
     }
+    // Two tokens of one step writing one slot (only in tests that share a
+    // span between chunks): the later one stores, as on the CPU.
+    std::vector<uint8_t> tok_writes(plan.tokens.size(), 1);
+    {
+      std::unordered_map<const uint8_t*, size_t> last;
+      for (size_t t = 0; t < plan.tokens.size(); ++t) {
+        const StepChunk& c = plan.chunks[size_t(plan.tokens[t].chunk)];
+        const int64_t pos = plan.tokens[t].pos;
+        const uint8_t* key = c.kv->pages[pos / f.page_tokens] + (pos % f.page_tokens);
+        auto [it, fresh] = last.emplace(key, t);
+        if (!fresh) {
+          tok_writes[it->second] = 0;
+          it->second = t;
+        }
+      }
+    }
     size_t off = 0;
     auto place = [&](size_t bytes) {
       const size_t o = off;
@@ -419,7 +435,7 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
     const size_t o_pages = place(pages.size() * sizeof(uint8_t*));
     const size_t o_tc = place(tok_chunk.size() * 4), o_tp = place(tok_pos.size() * 8);
     const size_t o_dc = place(plan.decode_chunks.size() * 8), o_g = place(gather.size() * 8);
-    const size_t o_t = place(tasks.size() * 8);
+    const size_t o_t = place(tasks.size() * 8), o_w = place(tok_writes.size());
     host_meta_.assign(off, 0);
     auto put = [&](size_t o, const void* src, size_t bytes) {
       if (bytes) std::memcpy(host_meta_.data() + o, src, bytes);
@@ -431,6 +447,7 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
     put(o_dc, plan.decode_chunks.data(), plan.decode_chunks.size() * 8);
     put(o_g, gather.data(), gather.size() * 8);
     put(o_t, tasks.data(), tasks.size() * 8);
+    put(o_w, tok_writes.data(), tok_writes.size());
     // The previous step's kernels may still read the tables: wait for them.
     sync();
     auto* dm = static_cast<uint8_t*>(meta_.get(off));
@@ -442,6 +459,7 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
     st.tok_pos = reinterpret_cast<const int64_t*>(dm + o_tp);
     st.decode_chunks = reinterpret_cast<const int64_t*>(dm + o_dc);
     st.gather_rows = reinterpret_cast<const int64_t*>(dm + o_g);
+    st.tok_writes = dm + o_w;
     st.n_tokens = plan.n_tokens();
     st.n_decode = int64_t(plan.decode_chunks.size());
     st.n_gather = int64_t(gather.size());
@@ -466,9 +484,10 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
   d.row_bytes = f.row_bytes();
   d.index_offset = f.index_offset;
   d.index_dim = f.index_dim;
+  d.layer_bytes = f.layer_bytes;
   if (!f.static_k.empty()) {
     d.static_k = constant(f.static_k.data(), f.static_k.size()) + layer * f.kv_heads;
-    d.static_v = f.static_v.empty() ? d.static_k
+    d.static_v = f.shared_kv() || f.static_v.empty() ? d.static_k
                                     : constant(f.static_v.data(), f.static_v.size()) + layer * f.kv_heads;
   }
   return out;

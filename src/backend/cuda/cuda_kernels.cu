@@ -158,70 +158,98 @@ __device__ __forceinline__ float w_at(const DevWeights& w, int64_t n, int64_t k)
   }
 }
 
-// Eight consecutive weights of row n from column k (k % 8 == 0, rows of k % 8 == 0).
+// Weights per 16-byte chunk of a row: 8 BF16, 16 FP8, 32 INT4.
 template <WKind K>
-__device__ __forceinline__ void w8(const DevWeights& w, int64_t n, int64_t k, float* o) {
+constexpr int kChunk = K == WKind::kBf16 ? 8 : K == WKind::kFp8 ? 16 : 32;
+
+// The 16-byte chunk of row n at column k (k % kChunk == 0, the chunk in one
+// scale group) and its group's scale and zero point.
+template <WKind K>
+__device__ __forceinline__ uint4 w_load(const DevWeights& w, int64_t n, int64_t k, float& s, int& z) {
   if constexpr (K == WKind::kBf16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(w.bf16 + n * w.k + k);
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    s = 1.f;
+    z = 0;
+    return *reinterpret_cast<const uint4*>(w.bf16 + n * w.k + k);
+  } else if constexpr (K == WKind::kInt4) {
+    const int64_t G = (w.k + w.group - 1) / w.group, g = n * G + k / w.group;
+    s = w.scales[g];
+    z = w.zeros ? w.zeros[g] : 0;
+    return *reinterpret_cast<const uint4*>(w.q + n * (w.k / 2) + k / 2);
+  } else {
+    const int64_t G = (w.k + w.group - 1) / w.group;
+    s = w.scales[n * G + k / w.group];
+    z = 0;
+    return *reinterpret_cast<const uint4*>(w.q + n * w.k + k);
+  }
+}
+
+// Weights [8 * sub, 8 * sub + 8) of a loaded chunk, decoded.
+template <WKind K>
+__device__ __forceinline__ void w_sub(const uint4& v, int sub, float s, int z, float* o) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (K == WKind::kBf16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       o[2 * i] = cm::bits_f32(u[i] << 16);
       o[2 * i + 1] = cm::bits_f32(u[i] & 0xffff0000u);
     }
   } else if constexpr (K == WKind::kInt4) {
-    const int64_t G = (w.k + w.group - 1) / w.group, g = n * G + k / w.group;
-    const uint32_t v = *reinterpret_cast<const uint32_t*>(w.q + n * (w.k / 2) + k / 2);
-    const float s = w.scales[g];
-    const int z = w.zeros ? w.zeros[g] : 0;
+    const uint32_t word = u[sub];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = float(int((v >> (4 * i)) & 0xfu) - 8 - z) * s;
+    for (int e = 0; e < 8; ++e) o[e] = float(int((word >> (4 * e)) & 0xfu) - 8 - z) * s;
   } else {
-    const int64_t G = (w.k + w.group - 1) / w.group;
-    const uint2 v = *reinterpret_cast<const uint2*>(w.q + n * w.k + k);
-    const float s = w.scales[n * G + k / w.group];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      o[i] = cm::e4m3_to_f32(uint8_t(v.x >> (8 * i))) * s;
-      o[4 + i] = cm::e4m3_to_f32(uint8_t(v.y >> (8 * i))) * s;
-    }
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[4 * h + e] = cm::e4m3_to_f32(uint8_t(u[2 * sub + h] >> (8 * e))) * s;
   }
 }
 
-// One warp per output row, M activation rows at once (M <= 8): each lane
-// takes 8 consecutive columns at a time, the warp sums its lanes.
+// One warp per output row and M activation rows at once: each lane takes
+// 16-byte chunks of the weight row (lane, lane + 32, ...), 8 weights at a
+// time, and the warp sums its lanes by butterfly. A row's arithmetic is the
+// same for any M, so a row's result does not depend on how many rows share
+// the pass.
 template <int M, WKind K>
-__global__ void __launch_bounds__(256) gemv_k(const float* x, int64_t ldx, DevWeights w, float* y,
+__global__ void __launch_bounds__(256, 2) gemv_k(const float* x, int64_t ldx, DevWeights w, float* y,
                                               int64_t ldy) {
+  constexpr int C = kChunk<K>;
   const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (n >= w.n) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
-  for (int64_t k = int64_t(lane) * 8; k < w.k; k += 8 * kWarp) {
-    float wv[8];
-    w8<K>(w, n, k, wv);
+  for (int64_t k = int64_t(lane) * C; k < w.k; k += C * kWarp) {
+    float s;
+    int z;
+    const uint4 v = w_load<K>(w, n, k, s, z);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float4 a = *reinterpret_cast<const float4*>(x + m * ldx + k);
-      const float4 b = *reinterpret_cast<const float4*>(x + m * ldx + k + 4);
-      float s = acc[m];
-      s = fmaf(cm::round_bf16(a.x), wv[0], s);
-      s = fmaf(cm::round_bf16(a.y), wv[1], s);
-      s = fmaf(cm::round_bf16(a.z), wv[2], s);
-      s = fmaf(cm::round_bf16(a.w), wv[3], s);
-      s = fmaf(cm::round_bf16(b.x), wv[4], s);
-      s = fmaf(cm::round_bf16(b.y), wv[5], s);
-      s = fmaf(cm::round_bf16(b.z), wv[6], s);
-      s = fmaf(cm::round_bf16(b.w), wv[7], s);
-      acc[m] = s;
+    for (int sub = 0; sub < C / 8; ++sub) {
+      float wv[8];
+      w_sub<K>(v, sub, s, z, wv);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float* xr = x + m * ldx + k + 8 * sub;
+        const float4 a = *reinterpret_cast<const float4*>(xr);
+        const float4 b = *reinterpret_cast<const float4*>(xr + 4);
+        float t = acc[m];
+        t = fmaf(cm::round_bf16(a.x), wv[0], t);
+        t = fmaf(cm::round_bf16(a.y), wv[1], t);
+        t = fmaf(cm::round_bf16(a.z), wv[2], t);
+        t = fmaf(cm::round_bf16(a.w), wv[3], t);
+        t = fmaf(cm::round_bf16(b.x), wv[4], t);
+        t = fmaf(cm::round_bf16(b.y), wv[5], t);
+        t = fmaf(cm::round_bf16(b.z), wv[6], t);
+        t = fmaf(cm::round_bf16(b.w), wv[7], t);
+        acc[m] = t;
+      }
     }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float s = warp_sum(acc[m]);
-    if (lane == 0) y[m * ldy + n] = s;
+    const float t = warp_sum(acc[m]);
+    if (lane == 0) y[m * ldy + n] = t;
   }
 }
 
@@ -269,15 +297,24 @@ template <WKind K>
 void gemv_launch(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
                  cudaStream_t s) {
   const dim3 g(unsigned(cdiv(w.n, 8)));
-  switch (m) {
-    case 1: gemv_k<1, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 2: gemv_k<2, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 3: gemv_k<3, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 4: gemv_k<4, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 5: gemv_k<5, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 6: gemv_k<6, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    case 7: gemv_k<7, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
-    default: gemv_k<8, K><<<g, 256, 0, s>>>(x, ldx, w, y, ldy); break;
+  // Passes of 8 rows, then the rest at once (M only groups rows; each
+  // row's arithmetic is the same in every pass).
+  for (int64_t r = 0; r < m;) {
+    const int64_t left = m - r;
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    int64_t mm = left >= 8 ? 8 : left;
+    switch (mm) {
+      case 1: gemv_k<1, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 2: gemv_k<2, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 3: gemv_k<3, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 4: gemv_k<4, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 5: gemv_k<5, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 6: gemv_k<6, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 7: gemv_k<7, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      default: mm = 8; gemv_k<8, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+    }
+    r += mm;
   }
 }
 
@@ -297,6 +334,7 @@ __device__ __forceinline__ uint8_t* page_of(const DevStep& st, const DevKvFormat
 __global__ void kv_store_k(DevStep st, DevKvFormat f, const float* k, int64_t ldk, const float* v,
                            int64_t ldv) {
   const int64_t t = blockIdx.x;
+  if (!st.tok_writes[t]) return;
   const int lane = threadIdx.x % kWarp;
   const DevChunk& c = st.chunks[st.tok_chunk[t]];
   const int64_t pos = st.tok_pos[t], slot = pos % f.page_tokens;
@@ -330,6 +368,7 @@ __global__ void kv_store_k(DevStep st, DevKvFormat f, const float* k, int64_t ld
 
 __global__ void kv_store_index_k(DevStep st, DevKvFormat f, const float* k, int64_t ldk) {
   const int64_t t = blockIdx.x;
+  if (!st.tok_writes[t]) return;
   const DevChunk& c = st.chunks[st.tok_chunk[t]];
   const int64_t pos = st.tok_pos[t], slot = pos % f.page_tokens;
   auto* o = reinterpret_cast<uint16_t*>(page_of(st, f, c, pos) + f.index_offset) + slot * f.index_dim;
@@ -379,46 +418,96 @@ __global__ void kv_gather_k(DevStep st, DevKvFormat f, const float* kn, int64_t 
 // ---- decode attention ---------------------------------------------------
 
 constexpr int kDecThreads = 256;
-constexpr int kDecTile = 256;     // tokens scored per pass (one per thread)
-constexpr int kDecHeads = 8;      // query heads per block (one warp each in the softmax)
-constexpr int64_t kSplitTokens = 512;
+constexpr int kDecTile = 64;   // positions per pass: K and V rows staged in shared memory
+constexpr int kDecHeads = 8;   // query heads per block (one warp each in the softmax)
+constexpr int64_t kSplitTokens = 512;  // positions per split: a sequence's own count decides
 
-int64_t n_splits(int64_t max_ctx) { return cdiv(max_ctx > 0 ? max_ctx : 1, kSplitTokens); }
+// Positions a decoding chunk attends over: its window (or the sparse choice).
+struct DecodeSpan {
+  int64_t j0, n;
+  const int32_t* sel;
+};
+__device__ DecodeSpan decode_span(const DecodeArgs& a, const DevChunk& c) {
+  if (a.topk > 0 && a.sparse[c.t0]) return {0, a.topk, a.sel + c.t0 * a.topk};
+  const int64_t j0 = a.window > 0 ? max(int64_t(0), c.pos0 - a.window + 1) : 0;
+  return {j0, c.pos0 - j0 + 1, nullptr};
+}
 
-// Block (decode chunk, KV head x head block, split): scores a tile of
-// positions (one per thread), an online softmax per head (one warp per
-// head), then the weighted V rows (threads over dimension pairs and token
-// groups). Writes the split's unnormalized output with its max and sum.
-__global__ void __launch_bounds__(kDecThreads) decode_k(DevStep st, DevKvFormat f, DecodeArgs a,
-                                                        float* partial) {
-  __shared__ float qs[kDecHeads][kMaxAttnDim];
-  __shared__ float sc[kDecHeads][kDecTile];
-  __shared__ float red[kDecHeads * kDecThreads * 2];
-  __shared__ const uint8_t* vrow[kDecTile];
-  __shared__ float vscale[kDecTile];
+// Dynamic shared memory of a decode block: q rows, the tile's scores and
+// per-position scales and row pointers, then the K and V tiles (each row
+// padded by 16 bytes so rows fall in different banks), reused at the end for
+// the token groups' partial sums.
+struct DecSmem {
+  int64_t rs;  // bytes per staged row
+  int64_t q, sc, ksc, vsc, kp, vp, kt, vt, total;
+};
+__host__ __device__ inline DecSmem dec_smem(int64_t hd, int64_t eb) {
+  DecSmem m;
+  m.rs = hd * eb + 16;
+  m.q = 0;
+  m.sc = m.q + kDecHeads * hd * 4;
+  m.ksc = m.sc + kDecHeads * kDecTile * 4;
+  m.vsc = m.ksc + kDecTile * 4;
+  m.kp = m.vsc + kDecTile * 4;
+  m.vp = m.kp + kDecTile * 8;
+  m.kt = m.vp + kDecTile * 8;
+  m.vt = m.kt + kDecTile * m.rs;
+  const int64_t red = kDecHeads * kDecThreads * 2 * 4;
+  m.total = m.kt + (2 * kDecTile * m.rs > red ? 2 * kDecTile * m.rs : red);
+  return m;
+}
+
+__device__ __forceinline__ void decode2(int32_t elem, const uint8_t* row, int d, float& x0, float& x1) {
+  if (elem == 0) {
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(row + 2 * d);
+    x0 = cm::bits_f32(u << 16);
+    x1 = cm::bits_f32(u & 0xffff0000u);
+  } else {
+    const uint16_t u = *reinterpret_cast<const uint16_t*>(row + d);
+    x0 = elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
+    x1 = elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
+  }
+}
+
+// Block (decode chunk, KV head x head block, split): for each tile of
+// positions, the K and V rows are copied into shared memory (16-byte loads
+// where the rows allow, 4-byte otherwise), the scores computed there (each
+// thread one position for up to two heads), an online softmax per head (one
+// warp per head), then the weighted V rows (threads over dimension pairs and
+// token groups). Writes the split's unnormalized output, its max and sum.
+// A sequence's splits and tiles depend on its own length only, so its result
+// does not depend on the batch.
+template <bool kVec16>
+__global__ void __launch_bounds__(kDecThreads, 2) decode_k(DevStep st, DevKvFormat f, DecodeArgs a,
+                                                        float* partial, int64_t max_splits) {
+  extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float m_run[kDecHeads], l_run[kDecHeads], alpha[kDecHeads];
-
-  const int64_t d_idx = blockIdx.x;
+  const int64_t d_idx = blockIdx.x, split = blockIdx.z;
+  const DevChunk& c = st.chunks[st.decode_chunks[d_idx]];
+  const DecodeSpan sp = decode_span(a, c);
+  const int64_t i0 = split * kSplitTokens, i1 = min(sp.n, i0 + kSplitTokens);
+  if (i0 >= sp.n) return;  // past this sequence's own splits
   const int group = a.heads / a.kv_heads;
   const int hblocks = (group + kDecHeads - 1) / kDecHeads;
   const int kvh = int(blockIdx.y) / hblocks, hb = int(blockIdx.y) % hblocks;
   const int h0 = kvh * group + hb * kDecHeads;
   const int nh = min(kDecHeads, group - hb * kDecHeads);
   const int hd = a.head_dim;
-  const int64_t splits = gridDim.z, split = blockIdx.z;
-  const DevChunk& c = st.chunks[st.decode_chunks[d_idx]];
+  const int64_t eb = f.elem == 0 ? 2 : 1;
+  const DecSmem L = dec_smem(hd, eb);
+  float* qs = reinterpret_cast<float*>(smem + L.q);
+  float* sc = reinterpret_cast<float*>(smem + L.sc);
+  float* ksc = reinterpret_cast<float*>(smem + L.ksc);
+  float* vsc = reinterpret_cast<float*>(smem + L.vsc);
+  const uint8_t** kp = reinterpret_cast<const uint8_t**>(smem + L.kp);
+  const uint8_t** vp = reinterpret_cast<const uint8_t**>(smem + L.vp);
+  uint8_t* kt = smem + L.kt;
+  uint8_t* vt = smem + L.vt;
   const int64_t row = a.rows_by_token ? c.t0 : d_idx;
-  const int64_t pos = c.pos0;
-  const bool sparse = a.topk > 0 && a.sparse[c.t0];
-  const int32_t* sel = sparse ? a.sel + c.t0 * a.topk : nullptr;
-  const int64_t j0 = sparse ? 0 : (a.window > 0 ? max(int64_t(0), pos - a.window + 1) : 0);
-  const int64_t n = sparse ? a.topk : pos - j0 + 1;
-  const int64_t per = cdiv(n, splits);
-  const int64_t i0 = split * per, i1 = min(n, i0 + per);
 
   for (int i = threadIdx.x; i < kDecHeads * hd; i += blockDim.x) {
     const int h = i / hd, d = i % hd;
-    qs[h][d] = h < nh ? a.q[row * a.ldq + int64_t(h0 + h) * hd + d] : 0.f;
+    qs[i] = h < nh ? a.q[row * a.ldq + int64_t(h0 + h) * hd + d] : 0.f;
   }
   if (threadIdx.x < kDecHeads) {
     m_run[threadIdx.x] = -INFINITY;
@@ -433,64 +522,84 @@ __global__ void __launch_bounds__(kDecThreads) decode_k(DevStep st, DevKvFormat 
   float o[kDecHeads][2];
 #pragma unroll
   for (int h = 0; h < kDecHeads; ++h) o[h][0] = o[h][1] = 0.f;
-  const int64_t eb = f.elem == 0 ? 2 : 1;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t rb = int64_t(hd) * eb;  // bytes of one head's row
   __syncthreads();
 
   for (int64_t base = i0; base < i1; base += kDecTile) {
     const int tn = int(min(int64_t(kDecTile), i1 - base));
-    // Scores: one position per thread.
     if (threadIdx.x < tn) {
-      const int64_t j = sparse ? int64_t(sel[base + threadIdx.x]) : j0 + base + threadIdx.x;
-      const uint8_t* page = page_of(st, f, c, j);
-      const int64_t slot = j % f.page_tokens;
-      const uint8_t* kr = page + f.k_offset + slot * f.row_bytes + int64_t(kvh) * hd * eb;
-      vrow[threadIdx.x] = page + f.v_offset + slot * f.row_bytes + int64_t(kvh) * hd * eb;
+      const int j = threadIdx.x;
+      const int64_t pos = sp.sel ? int64_t(sp.sel[base + j]) : sp.j0 + base + j;
+      const uint8_t* page = page_of(st, f, c, pos);
+      const int64_t slot = pos % f.page_tokens;
+      kp[j] = page + f.k_offset + slot * f.row_bytes + int64_t(kvh) * rb;
+      vp[j] = page + f.v_offset + slot * f.row_bytes + int64_t(kvh) * rb;
       float ks = 1.f, vs = 1.f;
       if (f.elem != 0) {
         if (f.dynamic) {
-          ks = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[slot * f.kv_heads + kvh]);
-          vs = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[slot * f.kv_heads + kvh]);
+          const int64_t si = slot * f.kv_heads + kvh;
+          ks = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.k_scale_offset)[si]);
+          vs = cm::bf16_to_f32(reinterpret_cast<const uint16_t*>(page + f.v_scale_offset)[si]);
         } else {
           ks = f.static_k[kvh];
           vs = f.static_v[kvh];
         }
       }
-      vscale[threadIdx.x] = vs;
-      float acc[kDecHeads];
-#pragma unroll
-      for (int h = 0; h < kDecHeads; ++h) acc[h] = 0.f;
-      for (int d = 0; d < hd; d += 2) {
-        float k0, k1;
-        if (f.elem == 0) {
-          const uint32_t u = *reinterpret_cast<const uint32_t*>(kr + 2 * d);
-          k0 = cm::bits_f32(u << 16);
-          k1 = cm::bits_f32(u & 0xffff0000u);
-        } else {
-          const uint16_t u = *reinterpret_cast<const uint16_t*>(kr + d);
-          k0 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
-          k1 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
-        }
-#pragma unroll
-        for (int h = 0; h < kDecHeads; ++h) acc[h] = fmaf(qs[h][d + 1], k1, fmaf(qs[h][d], k0, acc[h]));
+      ksc[j] = ks;
+      vsc[j] = vs;
+    }
+    __syncthreads();
+    // Stage the tile's K and V rows.
+    if constexpr (kVec16) {
+      const int cpr = int(rb / 16);
+      for (int i = threadIdx.x; i < 2 * tn * cpr; i += blockDim.x) {
+        const int which = i / (tn * cpr), r = i % (tn * cpr), j = r / cpr, q = r % cpr;
+        const uint8_t* src = (which ? vp[j] : kp[j]) + q * 16;
+        *reinterpret_cast<uint4*>((which ? vt : kt) + j * L.rs + q * 16) = *reinterpret_cast<const uint4*>(src);
       }
-      const float cs = a.scale * ks;
-#pragma unroll
-      for (int h = 0; h < kDecHeads; ++h) sc[h][threadIdx.x] = acc[h] * cs;
+    } else {
+      const int cpr = int(rb / 4);
+      for (int i = threadIdx.x; i < 2 * tn * cpr; i += blockDim.x) {
+        const int which = i / (tn * cpr), r = i % (tn * cpr), j = r / cpr, q = r % cpr;
+        const uint8_t* src = (which ? vp[j] : kp[j]) + q * 4;
+        *reinterpret_cast<uint32_t*>((which ? vt : kt) + j * L.rs + q * 4) = *reinterpret_cast<const uint32_t*>(src);
+      }
+    }
+    __syncthreads();
+    // Scores: position j, heads hg and hg + 4.
+    {
+      const int j = threadIdx.x % kDecTile, hg = threadIdx.x / kDecTile;
+      const uint8_t* kr = kt + j * L.rs;
+      float acc0 = 0.f, acc1 = 0.f;
+      if (j < tn) {
+        const float* q0 = qs + hg * hd;
+        const float* q1 = qs + (hg + 4) * hd;
+        for (int d = 0; d < hd; d += 2) {
+          float k0, k1;
+          decode2(f.elem, kr, d, k0, k1);
+          acc0 = fmaf(q0[d + 1], k1, fmaf(q0[d], k0, acc0));
+          acc1 = fmaf(q1[d + 1], k1, fmaf(q1[d], k0, acc1));
+        }
+      }
+      const float cs = a.scale * (j < tn ? ksc[j] : 1.f);
+      sc[hg * kDecTile + j] = j < tn ? acc0 * cs : -INFINITY;
+      sc[(hg + 4) * kDecTile + j] = j < tn ? acc1 * cs : -INFINITY;
     }
     __syncthreads();
     // Online softmax: warp h owns head h.
     if (warp < nh) {
       const int h = warp;
+      float* srow = sc + h * kDecTile;
       float mx = -INFINITY;
-      for (int i = lane; i < tn; i += kWarp) mx = fmaxf(mx, sc[h][i]);
+      for (int i = lane; i < tn; i += kWarp) mx = fmaxf(mx, srow[i]);
       mx = warp_max(mx);
       const float m_new = fmaxf(m_run[h], mx);
       float sum = 0.f;
       for (int i = lane; i < tn; i += kWarp) {
-        const float p = m_new == -INFINITY ? 0.f : __expf(sc[h][i] - m_new);
+        const float p = m_new == -INFINITY ? 0.f : __expf(srow[i] - m_new);
         sum += p;
-        sc[h][i] = p * vscale[i];
+        srow[i] = p * vsc[i];
       }
       sum = warp_sum(sum);
       if (lane == 0) {
@@ -509,27 +618,19 @@ __global__ void __launch_bounds__(kDecThreads) decode_k(DevStep st, DevKvFormat 
         o[h][1] *= alpha[h];
       }
       for (int i = tg; i < tn; i += tg_n) {
-        const uint8_t* vr = vrow[i];
         float v0, v1;
-        if (f.elem == 0) {
-          const uint32_t u = *reinterpret_cast<const uint32_t*>(vr + 4 * dp);
-          v0 = cm::bits_f32(u << 16);
-          v1 = cm::bits_f32(u & 0xffff0000u);
-        } else {
-          const uint16_t u = *reinterpret_cast<const uint16_t*>(vr + 2 * dp);
-          v0 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
-          v1 = f.elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
-        }
+        decode2(f.elem, vt + i * L.rs, 2 * dp, v0, v1);
 #pragma unroll
         for (int h = 0; h < kDecHeads; ++h) {
-          o[h][0] = fmaf(sc[h][i], v0, o[h][0]);
-          o[h][1] = fmaf(sc[h][i], v1, o[h][1]);
+          o[h][0] = fmaf(sc[h * kDecTile + i], v0, o[h][0]);
+          o[h][1] = fmaf(sc[h * kDecTile + i], v1, o[h][1]);
         }
       }
     }
     __syncthreads();
   }
-  // Sum the token groups and write the split's partial result.
+  // Sum the token groups (in group order) and write the split's partial result.
+  float* red = reinterpret_cast<float*>(smem + L.kt);
 #pragma unroll
   for (int h = 0; h < kDecHeads; ++h) {
     red[(h * kDecThreads + threadIdx.x) * 2] = o[h][0];
@@ -541,22 +642,22 @@ __global__ void __launch_bounds__(kDecThreads) decode_k(DevStep st, DevKvFormat 
     const int h = i / hd, d = i % hd, p = d / 2, e = d % 2;
     float s = 0.f;
     for (int g = 0; g < tg_n; ++g) s += red[(h * kDecThreads + g * npp + p) * 2 + e];
-    float* dst = partial + ((d_idx * a.heads + h0 + h) * splits + split) * stride;
-    dst[d] = s;
+    partial[((d_idx * a.heads + h0 + h) * max_splits + split) * stride + d] = s;
   }
   if (threadIdx.x < nh) {
-    float* dst = partial + ((d_idx * a.heads + h0 + threadIdx.x) * splits + split) * stride;
+    float* dst = partial + ((d_idx * a.heads + h0 + threadIdx.x) * max_splits + split) * stride;
     dst[hd] = m_run[threadIdx.x];
     dst[hd + 1] = l_run[threadIdx.x];
   }
 }
 
-// Joins the splits of each (decode chunk, head).
-__global__ void decode_combine_k(DevStep st, DecodeArgs a, const float* partial, int64_t splits) {
+// Joins a sequence's own splits for each (decode chunk, head).
+__global__ void decode_combine_k(DevStep st, DecodeArgs a, const float* partial, int64_t max_splits) {
   const int64_t d_idx = blockIdx.x, h = blockIdx.y, hd = a.head_dim, stride = hd + 2;
   const DevChunk& c = st.chunks[st.decode_chunks[d_idx]];
+  const int64_t splits = cdiv(decode_span(a, c).n, kSplitTokens);
   const int64_t row = a.rows_by_token ? c.t0 : d_idx;
-  const float* p = partial + (d_idx * a.heads + h) * splits * stride;
+  const float* p = partial + (d_idx * a.heads + h) * max_splits * stride;
   float M = -INFINITY;
   for (int64_t s = 0; s < splits; ++s) M = fmaxf(M, p[s * stride + hd]);
   float L = 0.f;
@@ -619,16 +720,19 @@ __global__ void __launch_bounds__(kPreThreads) prefill_k(DevStep st, PrefillArgs
     l_run[q] = 0.f;
   }
   __syncthreads();
-  const int64_t lo = qj0[0], hi = qpos[nq - 1] + 1;
+  // Key tiles aligned to absolute positions, so a token's arithmetic does not
+  // depend on which tokens share its block (chunking leaves its bits alone);
+  // rows outside [gather_j0, hi) are zeros and masked.
+  const int64_t lo = qj0[0] / kPreKeys * kPreKeys, hi = qpos[nq - 1] + 1;
   for (int64_t kb = lo; kb < hi; kb += kPreKeys) {
     const int kn = int(min(int64_t(kPreKeys), hi - kb));
     for (int i = threadIdx.x; i < kn * hd; i += blockDim.x) {
       const int j = i / hd, d = i % hd;
-      ks[j][d] = a.k[(g0 + kb + j) * a.ldk + int64_t(kvh) * a.k_head_stride + d];
+      ks[j][d] = kb + j >= c.gather_j0 ? a.k[(g0 + kb + j) * a.ldk + int64_t(kvh) * a.k_head_stride + d] : 0;
     }
     for (int i = threadIdx.x; i < kn * vd; i += blockDim.x) {
       const int j = i / vd, d = i % vd;
-      vs[j][d] = a.v[(g0 + kb + j) * a.ldv + int64_t(kvh) * a.v_head_stride + d];
+      vs[j][d] = kb + j >= c.gather_j0 ? a.v[(g0 + kb + j) * a.ldv + int64_t(kvh) * a.v_head_stride + d] : 0;
     }
     __syncthreads();
     {
@@ -720,16 +824,13 @@ void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* ds
 void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
             cudaStream_t s) {
   if (m == 0 || w.n == 0) return;
-  const bool vec = w.k % 8 == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   (w.kind != WKind::kInt4 || w.group % 8 == 0) &&
-                   (w.kind != WKind::kFp8 || w.group % 8 == 0);
-  if (vec && m <= 8) {
-    for (int64_t r = 0; r < m; r += 8) {
-      const int64_t mm = m - r < 8 ? m - r : 8;
-      if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
-      else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
-      else gemv_launch<WKind::kFp8>(x + r * ldx, ldx, mm, w, y + r * ldy, ldy, s);
-    }
+  const int64_t chunk = w.kind == WKind::kBf16 ? 8 : w.kind == WKind::kFp8 ? 16 : 32;
+  const bool vec = w.k % chunk == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   (w.kind == WKind::kBf16 || w.group % chunk == 0);
+  if (vec) {
+    if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(x, ldx, m, w, y, ldy, s);
+    else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(x, ldx, m, w, y, ldy, s);
+    else gemv_launch<WKind::kFp8>(x, ldx, m, w, y, ldy, s);
     return;
   }
   const dim3 g(unsigned(cdiv(w.n, 64)), unsigned(cdiv(m, 64)));
@@ -777,17 +878,34 @@ void kv_gather(const DevStep& st, const DevKvFormat& f, const float* k_new, int6
 }
 
 int64_t decode_partial_floats(int64_t n_decode, int64_t heads, int64_t head_dim, int64_t max_ctx) {
-  return n_decode * heads * n_splits(max_ctx) * (head_dim + 2);
+  return n_decode * heads * cdiv(max_ctx > 0 ? max_ctx : 1, kSplitTokens) * (head_dim + 2);
 }
 
 void attention_decode(const DevStep& st, const DevKvFormat& f, const DecodeArgs& a, float* partial,
                       cudaStream_t s) {
   if (st.n_decode == 0) return;
   const int64_t group = a.heads / a.kv_heads, hblocks = cdiv(group, kDecHeads);
-  const int64_t splits = n_splits(st.max_ctx);
-  const dim3 g(unsigned(st.n_decode), unsigned(a.kv_heads * hblocks), unsigned(splits));
-  decode_k<<<g, kDecThreads, 0, s>>>(st, f, a, partial);
-  decode_combine_k<<<dim3(unsigned(st.n_decode), unsigned(a.heads)), 128, 0, s>>>(st, a, partial, splits);
+  const int64_t max_splits = cdiv(st.max_ctx > 0 ? st.max_ctx : 1, kSplitTokens);
+  const int64_t eb = f.elem == 0 ? 2 : 1, rb = int64_t(a.head_dim) * eb;
+  const DecSmem L = dec_smem(a.head_dim, eb);
+  // 16-byte row copies when every row of every page starts 16-byte aligned.
+  const bool vec16 = rb % 16 == 0 && f.row_bytes % 16 == 0 && f.k_offset % 16 == 0 &&
+                     f.v_offset % 16 == 0 && f.layer_off % 16 == 0 && f.layer_bytes % 16 == 0;
+  static bool configured[2] = {false, false};
+  if (!configured[vec16]) {
+    const int bytes = int(dec_smem(kMaxAttnDim, 2).total);
+    if (vec16)
+      cudaFuncSetAttribute(decode_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    else
+      cudaFuncSetAttribute(decode_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    configured[vec16] = true;
+  }
+  const dim3 g(unsigned(st.n_decode), unsigned(a.kv_heads * hblocks), unsigned(max_splits));
+  if (vec16)
+    decode_k<true><<<g, kDecThreads, size_t(L.total), s>>>(st, f, a, partial, max_splits);
+  else
+    decode_k<false><<<g, kDecThreads, size_t(L.total), s>>>(st, f, a, partial, max_splits);
+  decode_combine_k<<<dim3(unsigned(st.n_decode), unsigned(a.heads)), 128, 0, s>>>(st, a, partial, max_splits);
 }
 
 void attention_prefill(const DevStep& st, const PrefillArgs& a, const int64_t* prefill_tasks,

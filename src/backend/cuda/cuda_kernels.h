@@ -32,6 +32,7 @@ struct DevKvFormat {
   int64_t layer_off = 0;
   int64_t k_offset = 0, v_offset = 0, k_scale_offset = 0, v_scale_offset = 0, row_bytes = 0;
   int64_t index_offset = 0, index_dim = 0;
+  int64_t layer_bytes = 0;  // pages (and staged layer blocks) start at multiples of it
   const float* static_k = nullptr;  // [kv_heads] of this layer (static FP8), else null
   const float* static_v = nullptr;
 };
@@ -48,6 +49,8 @@ struct DevStep {
   const int64_t* tok_pos = nullptr;    // [tokens]
   const int64_t* decode_chunks = nullptr;  // [n_decode]
   const int64_t* gather_rows = nullptr;    // [gather_rows]: chunk << 40 | position
+  const uint8_t* tok_writes = nullptr;     // [tokens]: 0 when a later token of the step
+                                           // writes the same slot (only the last one stores)
   uint8_t* const* pages = nullptr;         // page base pointers, flat
   int64_t n_tokens = 0, n_decode = 0, n_gather = 0, max_ctx = 0;
 };
