@@ -149,12 +149,16 @@ TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
     auto parts = run_chunked(**m, g.ids, chunk);
     ASSERT_EQ(parts.size(), whole.size());
     if (chunk == 1 && !cpu) {
-      double mx = 0, scale = 1;
-      for (size_t i = 0; i < whole.size(); ++i) {
-        mx = std::max(mx, double(std::fabs(parts[i] - whole[i])));
-        scale = std::max(scale, double(std::fabs(whole[i])));
-      }
-      EXPECT_LE(mx, 1e-4 * scale) << arch() << ": decode path vs prefill, max |diff| " << mx;
+      // The bound of the BF16-activation comparison above (2.5% of the
+      // logits' spread): a sum in another order can round an activation to
+      // the neighbouring BF16 value, and that step propagates.
+      double mx = 0, mean = 0, var = 0;
+      for (float x : whole) mean += x;
+      mean /= double(whole.size());
+      for (float x : whole) var += (x - mean) * (x - mean);
+      const double sd = std::sqrt(var / double(whole.size()));
+      for (size_t i = 0; i < whole.size(); ++i) mx = std::max(mx, double(std::fabs(parts[i] - whole[i])));
+      EXPECT_LE(mx, 0.025 * sd) << arch() << ": decode path vs prefill, max |diff| " << mx;
       continue;
     }
     EXPECT_EQ(0, std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)))

@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <unordered_map>
 
 #include "backend/cpu/cpu_backend.h"
@@ -27,16 +30,35 @@ void ck(cudaError_t e, const char* what) {
   std::abort();
 }
 
+// Managed allocations this process's CUDA backends made (alloc), by start:
+// a pointer inside one needs no driver query.
+std::mutex g_ranges_mu;
+std::map<uintptr_t, size_t> g_ranges;
+
 // Memory a kernel can read: device or managed (or host memory registered
 // and mapped, which reports a device pointer).
 bool device_accessible(const void* p) {
   if (!p) return true;
+  {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(g_ranges_mu);
+    auto it = g_ranges.upper_bound(a);
+    if (it != g_ranges.begin() && a < std::prev(it)->first + std::prev(it)->second) return true;
+  }
   cudaPointerAttributes at{};
   if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+// log2 of a power-of-two group size, else -1 (the products then take the
+// general kernel).
+int32_t group_shift(int64_t group) {
+  for (int32_t b = 0; b < 40; ++b)
+    if (int64_t(1) << b == group) return b;
+  return -1;
 }
 
 void* dev_alloc(size_t bytes) {
@@ -296,6 +318,7 @@ Q4Matrix CudaBackend::prepare_int4(const int8_t* q, const float* scale, const in
   r.w.n = rows;
   r.w.k = cols;
   r.w.group = group;
+  r.w.gshift = group_shift(group);
   r.w.q = static_cast<const uint8_t*>(up(nib.data(), nib.size()));
   r.w.scales = static_cast<const float*>(up(sc.data(), sc.size() * 4));
   if (zero) r.w.zeros = static_cast<const int8_t*>(up(zero, size_t(rows * G)));
@@ -317,6 +340,7 @@ F8Matrix CudaBackend::prepare_fp8(const uint8_t* codes, const float* scale, int6
   r.w.n = rows;
   r.w.k = cols;
   r.w.group = group;
+  r.w.gshift = group_shift(group);
   r.w.q = static_cast<const uint8_t*>(dq);
   r.w.scales = static_cast<const float*>(ds);
   keep(m.w.data(), std::move(r));
@@ -340,8 +364,16 @@ DeviceBuffer CudaBackend::alloc(size_t bytes) {
   cudaGetLastError();  // the advice is a hint
   ck(cudaMemset(p, 0, bytes), "cudaMemset");
   ck(cudaDeviceSynchronize(), "alloc");
+  {
+    std::lock_guard<std::mutex> lock(g_ranges_mu);
+    g_ranges[reinterpret_cast<uintptr_t>(p)] = bytes;
+  }
   return DeviceBuffer(p, bytes, [](void* q) {
     cudaDeviceSynchronize();
+    {
+      std::lock_guard<std::mutex> lock(g_ranges_mu);
+      g_ranges.erase(reinterpret_cast<uintptr_t>(q));
+    }
     cudaFree(q);
   });
 }

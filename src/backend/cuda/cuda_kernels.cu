@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/device_math.h"
 
@@ -26,6 +29,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Two FP8 codes (low byte first) to FP32: the conversion instruction on
+// sm_89 and later, exact (every e4m3 and e5m2 value is an FP16 value); the
+// same values as device_math.h's decoders, NaN codes included.
+__device__ __forceinline__ float2 fp8x2_to_f32(uint16_t two, int elem) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, elem == 1 ? __NV_E4M3 : __NV_E5M2);
+  return __half22float2(__half2(h));
 }
 
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
@@ -163,21 +174,22 @@ template <WKind K>
 constexpr int kChunk = K == WKind::kBf16 ? 8 : K == WKind::kFp8 ? 16 : 32;
 
 // The 16-byte chunk of row n at column k (k % kChunk == 0, the chunk in one
-// scale group) and its group's scale and zero point.
+// scale group) and its group's scale and zero point. `grow` is row n's first
+// scale index (n * groups); groups are a power of two (gshift) here.
 template <WKind K>
-__device__ __forceinline__ uint4 w_load(const DevWeights& w, int64_t n, int64_t k, float& s, int& z) {
+__device__ __forceinline__ uint4 w_load(const DevWeights& w, int64_t n, int64_t grow, int64_t k,
+                                        float& s, int& z) {
   if constexpr (K == WKind::kBf16) {
     s = 1.f;
     z = 0;
     return *reinterpret_cast<const uint4*>(w.bf16 + n * w.k + k);
   } else if constexpr (K == WKind::kInt4) {
-    const int64_t G = (w.k + w.group - 1) / w.group, g = n * G + k / w.group;
+    const int64_t g = grow + (k >> w.gshift);
     s = w.scales[g];
     z = w.zeros ? w.zeros[g] : 0;
-    return *reinterpret_cast<const uint4*>(w.q + n * (w.k / 2) + k / 2);
+    return *reinterpret_cast<const uint4*>(w.q + n * (w.k >> 1) + (k >> 1));
   } else {
-    const int64_t G = (w.k + w.group - 1) / w.group;
-    s = w.scales[n * G + k / w.group];
+    s = w.scales[grow + (k >> w.gshift)];
     z = 0;
     return *reinterpret_cast<const uint4*>(w.q + n * w.k + k);
   }
@@ -201,7 +213,11 @@ __device__ __forceinline__ void w_sub(const uint4& v, int sub, float s, int z, f
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * h + e] = cm::e4m3_to_f32(uint8_t(u[2 * sub + h] >> (8 * e))) * s;
+      for (int e = 0; e < 4; e += 2) {
+        const float2 f = fp8x2_to_f32(uint16_t(u[2 * sub + h] >> (8 * e)), 1);
+        o[4 * h + e] = f.x * s;
+        o[4 * h + e + 1] = f.y * s;
+      }
   }
 }
 
@@ -220,10 +236,11 @@ __global__ void __launch_bounds__(256, 2) gemv_k(const float* x, int64_t ldx, De
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  const int64_t grow = K == WKind::kBf16 ? 0 : n * ((w.k + (int64_t(1) << w.gshift) - 1) >> w.gshift);
   for (int64_t k = int64_t(lane) * C; k < w.k; k += C * kWarp) {
     float s;
     int z;
-    const uint4 v = w_load<K>(w, n, k, s, z);
+    const uint4 v = w_load<K>(w, n, grow, k, s, z);
 #pragma unroll
     for (int sub = 0; sub < C / 8; ++sub) {
       float wv[8];
@@ -463,9 +480,9 @@ __device__ __forceinline__ void decode2(int32_t elem, const uint8_t* row, int d,
     x0 = cm::bits_f32(u << 16);
     x1 = cm::bits_f32(u & 0xffff0000u);
   } else {
-    const uint16_t u = *reinterpret_cast<const uint16_t*>(row + d);
-    x0 = elem == 1 ? cm::e4m3_to_f32(uint8_t(u)) : cm::e5m2_to_f32(uint8_t(u));
-    x1 = elem == 1 ? cm::e4m3_to_f32(uint8_t(u >> 8)) : cm::e5m2_to_f32(uint8_t(u >> 8));
+    const float2 f = fp8x2_to_f32(*reinterpret_cast<const uint16_t*>(row + d), elem);
+    x0 = f.x;
+    x1 = f.y;
   }
 }
 
@@ -567,24 +584,32 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_k(DevStep st, DevKvForm
       }
     }
     __syncthreads();
-    // Scores: position j, heads hg and hg + 4.
+    // Scores: four adjacent lanes per position, each over every fourth
+    // dimension pair for all heads, joined by two butterfly steps.
     {
-      const int j = threadIdx.x % kDecTile, hg = threadIdx.x / kDecTile;
+      const int j = threadIdx.x / 4, part = threadIdx.x % 4;
       const uint8_t* kr = kt + j * L.rs;
-      float acc0 = 0.f, acc1 = 0.f;
-      if (j < tn) {
-        const float* q0 = qs + hg * hd;
-        const float* q1 = qs + (hg + 4) * hd;
-        for (int d = 0; d < hd; d += 2) {
+      float acc[kDecHeads];
+#pragma unroll
+      for (int h = 0; h < kDecHeads; ++h) acc[h] = 0.f;
+      if (j < tn)
+        for (int p = part; p < np; p += 4) {
           float k0, k1;
-          decode2(f.elem, kr, d, k0, k1);
-          acc0 = fmaf(q0[d + 1], k1, fmaf(q0[d], k0, acc0));
-          acc1 = fmaf(q1[d + 1], k1, fmaf(q1[d], k0, acc1));
+          decode2(f.elem, kr, 2 * p, k0, k1);
+#pragma unroll
+          for (int h = 0; h < kDecHeads; ++h)
+            acc[h] = fmaf(qs[h * hd + 2 * p + 1], k1, fmaf(qs[h * hd + 2 * p], k0, acc[h]));
         }
+#pragma unroll
+      for (int h = 0; h < kDecHeads; ++h) {
+        acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+        acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
       }
-      const float cs = a.scale * (j < tn ? ksc[j] : 1.f);
-      sc[hg * kDecTile + j] = j < tn ? acc0 * cs : -INFINITY;
-      sc[(hg + 4) * kDecTile + j] = j < tn ? acc1 * cs : -INFINITY;
+      if (part == 0) {
+        const float cs = a.scale * (j < tn ? ksc[j] : 1.f);
+#pragma unroll
+        for (int h = 0; h < kDecHeads; ++h) sc[h * kDecTile + j] = j < tn ? acc[h] * cs : -INFINITY;
+      }
     }
     __syncthreads();
     // Online softmax: warp h owns head h.
@@ -826,7 +851,7 @@ void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* 
   if (m == 0 || w.n == 0) return;
   const int64_t chunk = w.kind == WKind::kBf16 ? 8 : w.kind == WKind::kFp8 ? 16 : 32;
   const bool vec = w.k % chunk == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   (w.kind == WKind::kBf16 || w.group % chunk == 0);
+                   (w.kind == WKind::kBf16 || (w.group % chunk == 0 && w.gshift >= 0));
   if (vec) {
     if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(x, ldx, m, w, y, ldy, s);
     else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(x, ldx, m, w, y, ldy, s);

@@ -17,6 +17,7 @@ enum class WKind : int32_t { kBf16 = 0, kInt4 = 1, kFp8 = 2 };
 struct DevWeights {
   WKind kind = WKind::kBf16;
   int64_t n = 0, k = 0, group = 0;
+  int32_t gshift = 0;  // log2(group) when group is a power of two, else -1
   const uint16_t* bf16 = nullptr;  // [n, k] row-major BF16
   const uint8_t* q = nullptr;      // INT4: [n, k/2] nibbles (low = even column), q + 8;
                                    // FP8: [n, k] e4m3 codes
