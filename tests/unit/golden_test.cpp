@@ -149,16 +149,18 @@ TEST_P(GoldenTest, ChunkingDoesNotChangeLogits) {
     auto parts = run_chunked(**m, g.ids, chunk);
     ASSERT_EQ(parts.size(), whole.size());
     if (chunk == 1 && !cpu) {
-      // The bound of the BF16-activation comparison above (2.5% of the
-      // logits' spread): a sum in another order can round an activation to
-      // the neighbouring BF16 value, and that step propagates.
+      // The bound of the FP32-reference comparison above (5% of the logits'
+      // spread): a sum in another order can round an activation to the
+      // neighbouring BF16 value, and that step propagates.
       double mx = 0, mean = 0, var = 0;
       for (float x : whole) mean += x;
       mean /= double(whole.size());
       for (float x : whole) var += (x - mean) * (x - mean);
       const double sd = std::sqrt(var / double(whole.size()));
       for (size_t i = 0; i < whole.size(); ++i) mx = std::max(mx, double(std::fabs(parts[i] - whole[i])));
-      EXPECT_LE(mx, 0.025 * sd) << arch() << ": decode path vs prefill, max |diff| " << mx;
+      EXPECT_LE(mx, 0.05 * sd) << arch() << ": decode path vs prefill, max |diff| " << mx;
+      std::printf("[golden] %s: decode path vs prefill on %s, max |diff| %.5f (%.2f%% of sd)\n",
+                  arch().c_str(), std::get<1>(GetParam()).c_str(), mx, 100 * mx / sd);
       continue;
     }
     EXPECT_EQ(0, std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)))

@@ -254,7 +254,7 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;  // the legacy default stream
   mutable std::unordered_map<const void*, Resident> weights_;
   std::unordered_map<const void*, Const> consts_;
-  Scratch meta_, partial_, staged_pages_;
+  Scratch meta_, partial_, staged_pages_, xb_;
   // Step tables built by begin_step (device-resident pages only).
   const StepPlan* plan_ = nullptr;
   int64_t step_ = 0, built_step_ = -1;
@@ -341,6 +341,7 @@ F8Matrix CudaBackend::prepare_fp8(const uint8_t* codes, const float* scale, int6
   r.w.k = cols;
   r.w.group = group;
   r.w.gshift = group_shift(group);
+  r.w.nan_codes = m.nan_codes ? 1 : 0;
   r.w.q = static_cast<const uint8_t*>(dq);
   r.w.scales = static_cast<const float*>(ds);
   keep(m.w.data(), std::move(r));
@@ -624,7 +625,8 @@ void CudaBackend::linear(CF32 x, LinearRef w, F32 y) {
   Stager st;
   const CF32 xd = st.view(x, false);
   const F32 yd = st.view(y, true);
-  cuda::linear(xd.data, xd.ld, x.rows, *dw, yd.data, yd.ld, s_);
+  auto* xb = static_cast<uint16_t*>(xb_.get(size_t(cuda::linear_scratch_bytes(x.rows, *dw))));
+  cuda::linear(xd.data, xd.ld, x.rows, *dw, yd.data, yd.ld, xb, s_);
 }
 
 void CudaBackend::rope_table(const StepPlan& plan, const float* inv_freq, int64_t n,

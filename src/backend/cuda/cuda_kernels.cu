@@ -195,40 +195,68 @@ __device__ __forceinline__ uint4 w_load(const DevWeights& w, int64_t n, int64_t 
   }
 }
 
-// Weights [8 * sub, 8 * sub + 8) of a loaded chunk, decoded.
+// Eight weights of a loaded chunk (words 2 * sub .. for FP8, word sub for
+// INT4, the whole chunk for BF16) times eight BF16 activations, summed in
+// order into `acc`. INT4: (q - z) as exact small integers by the magic-number
+// trick (no integer-to-float conversion), their dot product with x, then
+// times the group scale. FP8: e4m3 codes placed into FP16 bit patterns and
+// scaled by 2^8 (exact for every finite code), then times the group scale.
 template <WKind K>
-__device__ __forceinline__ void w_sub(const uint4& v, int sub, float s, int z, float* o) {
+__device__ __forceinline__ float dot8(const uint4& v, int sub, float s, int z, const uint4& xb,
+                                      float acc) {
+  const uint32_t xw[4] = {xb.x, xb.y, xb.z, xb.w};
+  float xv[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    xv[2 * i] = cm::bits_f32(xw[i] << 16);
+    xv[2 * i + 1] = cm::bits_f32(xw[i] & 0xffff0000u);
+  }
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
   if constexpr (K == WKind::kBf16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      o[2 * i] = cm::bits_f32(u[i] << 16);
-      o[2 * i + 1] = cm::bits_f32(u[i] & 0xffff0000u);
+      acc = fmaf(xv[2 * i], cm::bits_f32(u[i] << 16), acc);
+      acc = fmaf(xv[2 * i + 1], cm::bits_f32(u[i] & 0xffff0000u), acc);
     }
+    return acc;
   } else if constexpr (K == WKind::kInt4) {
     const uint32_t word = u[sub];
+    const float off = 8388608.f + 8.f + float(z);  // 2^23 + 8 + zero
+    float t = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = float(int((word >> (4 * e)) & 0xfu) - 8 - z) * s;
+    for (int e = 0; e < 8; ++e)
+      t = fmaf(cm::bits_f32(0x4B000000u | ((word >> (4 * e)) & 0xfu)) - off, xv[e], t);
+    return fmaf(t, s, acc);
   } else {
+    float t = 0.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const float2 f = fp8x2_to_f32(uint16_t(u[2 * sub + h] >> (8 * e)), 1);
-        o[4 * h + e] = f.x * s;
-        o[4 * h + e + 1] = f.y * s;
-      }
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w4 = u[2 * sub + h];
+      // Codes 0,1 and 2,3 of the word as FP16 pairs: sign to bit 15, the
+      // exponent and mantissa bits to 14..7.
+      const uint32_t lo = ((w4 & 0x7fu) << 7) | ((w4 & 0x80u) << 8) | ((w4 & 0x7f00u) << 15) |
+                          ((w4 & 0x8000u) << 16);
+      const uint32_t hi = ((w4 & 0x7f0000u) >> 9) | ((w4 & 0x800000u) >> 8) |
+                          ((w4 & 0x7f000000u) >> 1) | (w4 & 0x80000000u);
+      const float2 a = __half22float2(__hmul2(*reinterpret_cast<const __half2*>(&lo), __float2half2_rn(256.f)));
+      const float2 b = __half22float2(__hmul2(*reinterpret_cast<const __half2*>(&hi), __float2half2_rn(256.f)));
+      t = fmaf(a.x, xv[4 * h], t);
+      t = fmaf(a.y, xv[4 * h + 1], t);
+      t = fmaf(b.x, xv[4 * h + 2], t);
+      t = fmaf(b.y, xv[4 * h + 3], t);
+    }
+    return fmaf(t, s, acc);
   }
 }
 
-// One warp per output row and M activation rows at once: each lane takes
-// 16-byte chunks of the weight row (lane, lane + 32, ...), 8 weights at a
-// time, and the warp sums its lanes by butterfly. A row's arithmetic is the
-// same for any M, so a row's result does not depend on how many rows share
-// the pass.
+// One warp per output row and M activation rows (BF16, dense, ld = k) at
+// once: each lane takes 16-byte chunks of the weight row (lane, lane + 32,
+// ...), 8 weights at a time, and the warp sums its lanes by butterfly. A
+// row's arithmetic is the same for any M, so a row's result does not depend
+// on how many rows share the pass.
 template <int M, WKind K>
-__global__ void __launch_bounds__(256, 2) gemv_k(const float* x, int64_t ldx, DevWeights w, float* y,
-                                              int64_t ldy) {
+__global__ void __launch_bounds__(256, 2) gemv_k(const uint16_t* x, DevWeights w, float* y,
+                                                 int64_t ldy) {
   constexpr int C = kChunk<K>;
   const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -242,32 +270,24 @@ __global__ void __launch_bounds__(256, 2) gemv_k(const float* x, int64_t ldx, De
     int z;
     const uint4 v = w_load<K>(w, n, grow, k, s, z);
 #pragma unroll
-    for (int sub = 0; sub < C / 8; ++sub) {
-      float wv[8];
-      w_sub<K>(v, sub, s, z, wv);
+    for (int sub = 0; sub < C / 8; ++sub)
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const float* xr = x + m * ldx + k + 8 * sub;
-        const float4 a = *reinterpret_cast<const float4*>(xr);
-        const float4 b = *reinterpret_cast<const float4*>(xr + 4);
-        float t = acc[m];
-        t = fmaf(cm::round_bf16(a.x), wv[0], t);
-        t = fmaf(cm::round_bf16(a.y), wv[1], t);
-        t = fmaf(cm::round_bf16(a.z), wv[2], t);
-        t = fmaf(cm::round_bf16(a.w), wv[3], t);
-        t = fmaf(cm::round_bf16(b.x), wv[4], t);
-        t = fmaf(cm::round_bf16(b.y), wv[5], t);
-        t = fmaf(cm::round_bf16(b.z), wv[6], t);
-        t = fmaf(cm::round_bf16(b.w), wv[7], t);
-        acc[m] = t;
+        const uint4 xb = *reinterpret_cast<const uint4*>(x + m * w.k + k + 8 * sub);
+        acc[m] = dot8<K>(v, sub, s, z, xb, acc[m]);
       }
-    }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const float t = warp_sum(acc[m]);
     if (lane == 0) y[m * ldy + n] = t;
   }
+}
+
+// Activation rows to BF16 (dense), once per product.
+__global__ void to_bf16_k(const float* x, int64_t ldx, uint16_t* out, int64_t k) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[r * k + c] = cm::f32_to_bf16(x[r * ldx + c]);
 }
 
 // Any shape: 64x64 output tiles, 16 columns of k per stage, 4x4 per thread.
@@ -311,25 +331,24 @@ __global__ void __launch_bounds__(256) gemm_k(const float* x, int64_t ldx, int64
 }
 
 template <WKind K>
-void gemv_launch(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
+void gemv_launch(const uint16_t* x, int64_t m, const DevWeights& w, float* y, int64_t ldy,
                  cudaStream_t s) {
   const dim3 g(unsigned(cdiv(w.n, 8)));
   // Passes of 8 rows, then the rest at once (M only groups rows; each
   // row's arithmetic is the same in every pass).
   for (int64_t r = 0; r < m;) {
-    const int64_t left = m - r;
-    const float* xr = x + r * ldx;
+    const uint16_t* xr = x + r * w.k;
     float* yr = y + r * ldy;
-    int64_t mm = left >= 8 ? 8 : left;
+    int64_t mm = m - r >= 8 ? 8 : m - r;
     switch (mm) {
-      case 1: gemv_k<1, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 2: gemv_k<2, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 3: gemv_k<3, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 4: gemv_k<4, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 5: gemv_k<5, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 6: gemv_k<6, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      case 7: gemv_k<7, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
-      default: mm = 8; gemv_k<8, K><<<g, 256, 0, s>>>(xr, ldx, w, yr, ldy); break;
+      case 1: gemv_k<1, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 2: gemv_k<2, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 3: gemv_k<3, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 4: gemv_k<4, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 5: gemv_k<5, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 6: gemv_k<6, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 7: gemv_k<7, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      default: mm = 8; gemv_k<8, K><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
     }
     r += mm;
   }
@@ -846,16 +865,19 @@ void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* ds
   if (n > 0) copy_rows_k<<<unsigned(n), 256, 0, s>>>(src, lds, src_rows, dst, ldd, dst_rows, cols);
 }
 
+int64_t linear_scratch_bytes(int64_t m, const DevWeights& w) { return m * w.k * 2; }
+
 void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
-            cudaStream_t s) {
+            uint16_t* scratch, cudaStream_t s) {
   if (m == 0 || w.n == 0) return;
   const int64_t chunk = w.kind == WKind::kBf16 ? 8 : w.kind == WKind::kFp8 ? 16 : 32;
-  const bool vec = w.k % chunk == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+  const bool vec = w.k % chunk == 0 && !w.nan_codes &&
                    (w.kind == WKind::kBf16 || (w.group % chunk == 0 && w.gshift >= 0));
   if (vec) {
-    if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(x, ldx, m, w, y, ldy, s);
-    else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(x, ldx, m, w, y, ldy, s);
-    else gemv_launch<WKind::kFp8>(x, ldx, m, w, y, ldy, s);
+    to_bf16_k<<<unsigned(m), 256, 0, s>>>(x, ldx, scratch, w.k);
+    if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(scratch, m, w, y, ldy, s);
+    else if (w.kind == WKind::kInt4) gemv_launch<WKind::kInt4>(scratch, m, w, y, ldy, s);
+    else gemv_launch<WKind::kFp8>(scratch, m, w, y, ldy, s);
     return;
   }
   const dim3 g(unsigned(cdiv(w.n, 64)), unsigned(cdiv(m, 64)));

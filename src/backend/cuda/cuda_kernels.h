@@ -17,7 +17,8 @@ enum class WKind : int32_t { kBf16 = 0, kInt4 = 1, kFp8 = 2 };
 struct DevWeights {
   WKind kind = WKind::kBf16;
   int64_t n = 0, k = 0, group = 0;
-  int32_t gshift = 0;  // log2(group) when group is a power of two, else -1
+  int32_t gshift = 0;     // log2(group) when group is a power of two, else -1
+  int32_t nan_codes = 0;  // FP8: some code is a NaN (the GEMV's bit trick would not keep it)
   const uint16_t* bf16 = nullptr;  // [n, k] row-major BF16
   const uint8_t* q = nullptr;      // INT4: [n, k/2] nibbles (low = even column), q + 8;
                                    // FP8: [n, k] e4m3 codes
@@ -103,9 +104,10 @@ void gated_act(int act, const float* gu, int64_t ldg, float* out, int64_t ldo, i
 void softcap(float* x, int64_t ld, float cap, int64_t rows, int64_t cols, cudaStream_t s);
 void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* dst, int64_t ldd,
                const int64_t* dst_rows, int64_t n, int64_t cols, cudaStream_t s);
-// y[m, n] = bf16(x[m, :]) . W[n, :] in FP32.
+// y[m, n] = bf16(x[m, :]) . W[n, :] in FP32; scratch: linear_scratch_bytes.
+int64_t linear_scratch_bytes(int64_t m, const DevWeights& w);
 void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
-            cudaStream_t s);
+            uint16_t* scratch, cudaStream_t s);
 void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_stride, int64_t dim,
           const float* cos, int64_t ldc, const float* sin, int64_t lds, int interleave,
           cudaStream_t s);
