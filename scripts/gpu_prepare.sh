@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$NVCC" ] || { echo "gpu_prepare: no nvcc here" >&2; exit 1; }
-BUILD_DIR=${CUDA_BUILD_DIR:-build-cuda}
+BUILD_DIR=${CUDA_GPU_BUILD_DIR:-build-cuda-gpu}
 # MPI is left out: the GPU machine has no Open MPI to load.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVANT_WERROR=ON -DKVANT_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DKVANT_BENCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null

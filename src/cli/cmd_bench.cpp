@@ -94,19 +94,25 @@ int run_bench(const BenchOpts& o) {
   return 0;
 }
 
+RunnerOptions runner_options(const BenchOpts& o, const std::string& prefill,
+                             const std::string& decode) {
+  RunnerOptions ro;
+  ro.model_path = o.model;
+  ro.prefill_weights = prefill;
+  ro.decode_weights = decode;
+  ro.int4_group = o.int4_group;
+  ro.int4_lm_head = o.int4_lm_head;
+  ro.backend = o.device;
+  return ro;
+}
+
 int run_single(const BenchOpts& o, const std::string& wspec) {
   const auto [pw, dw] = phase_weights(wspec);
   auto pp_prec = precision(pw), dd_prec = precision(dw);
   if (!pp_prec) return fail(pp_prec.error().message);
   if (!dd_prec) return fail(dd_prec.error().message);
   const double t_load = now_s();
-  RunnerOptions ro;
-  ro.model_path = o.model;
-  ro.prefill_weights = *pp_prec;
-  ro.decode_weights = *dd_prec;
-  ro.int4_group = o.int4_group;
-  ro.int4_lm_head = o.int4_lm_head;
-  ro.backend = o.device;
+  RunnerOptions ro = runner_options(o, *pp_prec, *dd_prec);
   // Under mpirun every rank runs this same loop over the same random
   // tokens: each forward is collective, and rank 0 reports.
   int rank = 0;
@@ -136,7 +142,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
   if (o.comm_split) model.set_comm_split(true);
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
     SeqKvOptions kvo;
-    kvo.arena = model.kv_arena();
+    kvo.arena = model.kv_arena();  // on the backend's device
     SeqKv kv(c, ctx, kvo);
     double pp = 0, tg = 0;
     if (o.prompt_tokens > 0) {

@@ -534,8 +534,6 @@ void CudaBackend::pages_back(const StepPlan& plan, int64_t) {
   staged_.clear();
 }
 
-// ---- rows -----------------------------------------------------------------
-
 void CudaBackend::embed(const Matrix& table, int64_t row0, const int32_t* tokens, float scale,
                         F32 out) {
   auto it = weights_.find(table.packed.data());
@@ -657,8 +655,6 @@ void CudaBackend::rope(F32 x, int64_t heads, int64_t stride, int64_t dim, CF32 c
   const CF32 c = st.view(cos, false), s = st.view(sin, false);
   cuda::rope(xd.data, xd.ld, x.rows, heads, stride, dim, c.data, c.ld, s.data, s.ld, interleave ? 1 : 0, s_);
 }
-
-// ---- KV pages and attention ---------------------------------------------
 
 void CudaBackend::kv_store(const StepPlan& plan, int64_t layer, CF32 k, CF32 v) {
   Stager st;
@@ -796,17 +792,6 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
     return nullptr;
   }
   return std::make_unique<CudaBackend>();
-}
-
-std::vector<std::string> cuda_backend_ops() {
-  return {"embed: device",      "rmsnorm: device",         "rmsnorm_heads: device",
-          "layernorm: device",  "add/add_bias: device",    "gated_act: device",
-          "softcap: device",    "copy_rows: device",       "linear bf16/int4/fp8: device",
-          "rope_table: host cos/sin, uploaded", "rope: device", "kv_store: device",
-          "kv_store_index: device", "kv_gather: device",
-          "attention_decode: device (head_dim <= 256), else cpu",
-          "attention_prefill: device (head_dim, v_dim <= 256), else cpu",
-          "moe_route/permute/combine: cpu", "mla_expand: cpu", "dsa_select: cpu"};
 }
 
 }  // namespace kvant::backend

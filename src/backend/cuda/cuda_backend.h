@@ -13,7 +13,7 @@
 // (head_dim <= 256). The rest (MoE routing/permutation/combination, MLA
 // expansion, the DSA selection, and attention over wider heads) run on the
 // CPU backend over the same memory after the device has finished: correct,
-// not fast. cuda_backend_ops() lists which is which for reports.
+// not fast.
 #pragma once
 
 #include <memory>
@@ -28,7 +28,5 @@ namespace kvant::backend {
 int cuda_device_count();
 // The backend on device 0; nullptr with a message in *why when none can run.
 std::unique_ptr<Backend> make_cuda_backend(std::string* why = nullptr);
-// "op: device" / "op: cpu" for every operation, for reports.
-std::vector<std::string> cuda_backend_ops();
 
 }  // namespace kvant::backend
