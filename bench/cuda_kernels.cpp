@@ -171,6 +171,18 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "device: %s\n", be->device().c_str());
   std::vector<Row> rows;
+  {
+    // What the memory moves for a plain copy (bytes read and written), as the
+    // measured ceiling beside the nominal one.
+    const size_t bytes = size_t(2) << 30;
+    void *a = nullptr, *b = nullptr;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess) {
+      const double t = time_op([&] { cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); }, 10);
+      report(rows, {"copy_d2d", "2GiB", 2.0 * double(bytes), t}, peak);
+    }
+    cudaFree(a);
+    cudaFree(b);
+  }
   bench_linear(*be, rows, peak, reps);
   bench_decode(*be, rows, peak, reps);
   std::fprintf(stderr, "%-22s %-30s %10s %10s %8s\n", "op", "shape", "us", "GB/s", "of peak");

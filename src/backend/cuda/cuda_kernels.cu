@@ -247,6 +247,136 @@ __global__ void to_bf16_k(const float* x, int64_t ldx, uint16_t* out, int64_t k)
   for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[r * k + c] = cm::f32_to_bf16(x[r * ldx + c]);
 }
 
+// ---- INT4 products as the CPU computes them (W4A8) ---------------------
+// kernels/cpu/kernels.h's contract: activations quantized per 32-block
+// (sa = amax / 127, a = round-half-even(x * 127 / amax), sum = sum of a),
+// then for each group in order: acc = fma(float(sum_c u a - o sum_b), sa_b,
+// acc) over its blocks in order, y = fma(acc, s_g, y). The integer sums are
+// exact (DP4A), so the GPU gives the CPU backend's bits.
+
+// One warp per 32-block of an activation row. Within each 8 columns the
+// int8 values are stored even columns first ([a0 a2 a4 a6 a1 a3 a5 a7]), the
+// order a weight word's low and high nibbles take.
+__global__ void quantize_q8_k(const float* x, int64_t ldx, int64_t k, int8_t* q, float* sa,
+                              int32_t* sum) {
+  const int64_t r = blockIdx.y, nblk = k / 32;
+  const int64_t b = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (b >= nblk) return;
+  const float v = x[r * ldx + b * 32 + lane];
+  const float amax = warp_max(fabsf(v));
+  int a = 0;
+  if (amax != 0.f) a = int(rintf(v * (127.f / amax)));
+  int t = a;
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  const int j = lane % 8;
+  q[r * k + b * 32 + (lane / 8) * 8 + (j % 2 == 0 ? j / 2 : 4 + j / 2)] = int8_t(a);
+  if (lane == 0) {
+    sa[r * nblk + b] = amax != 0.f ? amax / 127.f : 0.f;
+    sum[r * nblk + b] = t;
+  }
+}
+
+struct Q8Dev {
+  const int8_t* q;
+  const float* sa;
+  const int32_t* sum;
+};
+
+// One warp per output row, M activation rows: lane L takes block 32 i + L
+// (its 16 weight bytes and 32 activation bytes, eight DP4As); the lanes of a
+// group chain their blocks in order, then lane order chains the groups.
+template <int M>
+__global__ void __launch_bounds__(256, 2) gemv_q4_k(Q8Dev x, DevWeights w, float* y, int64_t ldy) {
+  const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (n >= w.n) return;
+  const int64_t nblk = w.k / 32, G = (w.k + w.group - 1) / w.group;
+  const int bpg = int(w.group / 32);  // 1, 2 or 4
+  float yv[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) yv[m] = 0.f;
+  for (int64_t base = 0; base < nblk; base += kWarp) {
+    const int64_t b = base + lane, g = b / bpg;
+    const bool valid = b < nblk;
+    uint4 wq = make_uint4(0, 0, 0, 0);
+    int o = 8;
+    if (valid) {
+      wq = *reinterpret_cast<const uint4*>(w.q + n * (w.k / 2) + b * 16);
+      if (w.zeros) o = 8 + w.zeros[n * G + g];
+    }
+    const float sg = valid ? w.scales[n * G + g] : 0.f;
+    const uint32_t ww[4] = {wq.x, wq.y, wq.z, wq.w};
+    float v[M], sab[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      v[m] = 0.f;
+      sab[m] = 0.f;
+      if (!valid) continue;
+      const int4* ap = reinterpret_cast<const int4*>(x.q + m * w.k + b * 32);
+      const int4 a0 = ap[0], a1 = ap[1];
+      const int aw[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      int isum = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        isum = __dp4a(int(ww[j] & 0x0f0f0f0fu), aw[2 * j], isum);
+        isum = __dp4a(int((ww[j] >> 4) & 0x0f0f0f0fu), aw[2 * j + 1], isum);
+      }
+      v[m] = float(isum - o * x.sum[m * nblk + b]);
+      sab[m] = x.sa[m * nblk + b];
+    }
+    // The group's blocks in order, from its first lane.
+    const int first = (lane / bpg) * bpg;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+    for (int bb = 0; bb < bpg; ++bb) {
+      const bool ok = __shfl_sync(0xffffffffu, valid ? 1 : 0, first + bb) != 0;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float vb = __shfl_sync(0xffffffffu, v[m], first + bb);
+        const float sb = __shfl_sync(0xffffffffu, sab[m], first + bb);
+        if (ok) acc[m] = fmaf(vb, sb, acc[m]);
+      }
+    }
+    // Then the groups of this pass in order.
+    for (int q = 0; q < kWarp; q += bpg) {
+      const bool ok = __shfl_sync(0xffffffffu, valid ? 1 : 0, q) != 0;
+      const float s_q = __shfl_sync(0xffffffffu, sg, q);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float a_q = __shfl_sync(0xffffffffu, acc[m], q);
+        if (ok) yv[m] = fmaf(a_q, s_q, yv[m]);
+      }
+    }
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int m = 0; m < M; ++m) y[m * ldy + n] = yv[m];
+}
+
+void gemv_q4_launch(const Q8Dev& x, int64_t m, const DevWeights& w, float* y, int64_t ldy,
+                    cudaStream_t s) {
+  const dim3 g(unsigned(cdiv(w.n, 8)));
+  const int64_t nblk = w.k / 32;
+  for (int64_t r = 0; r < m;) {
+    const Q8Dev xr{x.q + r * w.k, x.sa + r * nblk, x.sum + r * nblk};
+    float* yr = y + r * ldy;
+    int64_t mm = m - r >= 8 ? 8 : m - r;
+    switch (mm) {
+      case 1: gemv_q4_k<1><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 2: gemv_q4_k<2><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 3: gemv_q4_k<3><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 4: gemv_q4_k<4><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 5: gemv_q4_k<5><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 6: gemv_q4_k<6><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      case 7: gemv_q4_k<7><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+      default: mm = 8; gemv_q4_k<8><<<g, 256, 0, s>>>(xr, w, yr, ldy); break;
+    }
+    r += mm;
+  }
+}
+
 // Any shape: 64x64 output tiles, 16 columns of k per stage, 4x4 per thread.
 __global__ void __launch_bounds__(256) gemm_k(const float* x, int64_t ldx, int64_t m, DevWeights w,
                                               float* y, int64_t ldy) {
@@ -354,7 +484,15 @@ void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* ds
   if (n > 0) copy_rows_k<<<unsigned(n), 256, 0, s>>>(src, lds, src_rows, dst, ldd, dst_rows, cols);
 }
 
-int64_t linear_scratch_bytes(int64_t m, const DevWeights& w) { return m * w.k * 2; }
+// INT4 as the CPU computes it (quantize_q8 + gemm_q4's order) when the
+// shape allows: k a multiple of 32, group 32, 64 or 128.
+bool q4_dp4a(const DevWeights& w) {
+  return w.kind == WKind::kInt4 && w.k % 32 == 0 && (w.group == 32 || w.group == 64 || w.group == 128);
+}
+
+int64_t linear_scratch_bytes(int64_t m, const DevWeights& w) {
+  return q4_dp4a(w) ? m * w.k + 16 + m * (w.k / 32) * 8 : m * w.k * 2;
+}
 
 void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
             uint16_t* scratch, cudaStream_t s) {
@@ -362,6 +500,15 @@ void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* 
   const int64_t chunk = w.kind == WKind::kBf16 ? 8 : w.kind == WKind::kFp8 ? 16 : 32;
   const bool vec = w.k % chunk == 0 && !w.nan_codes &&
                    (w.kind == WKind::kBf16 || (w.group % chunk == 0 && w.gshift >= 0));
+  if (q4_dp4a(w)) {
+    auto* q = reinterpret_cast<int8_t*>(scratch);
+    const int64_t nblk = w.k / 32, qb = (m * w.k + 15) / 16 * 16;
+    auto* sa = reinterpret_cast<float*>(q + qb);
+    auto* sum = reinterpret_cast<int32_t*>(sa + m * nblk);
+    quantize_q8_k<<<dim3(unsigned(cdiv(nblk, 8)), unsigned(m)), 256, 0, s>>>(x, ldx, w.k, q, sa, sum);
+    gemv_q4_launch({q, sa, sum}, m, w, y, ldy, s);
+    return;
+  }
   if (vec) {
     to_bf16_k<<<unsigned(m), 256, 0, s>>>(x, ldx, scratch, w.k);
     if (w.kind == WKind::kBf16) gemv_launch<WKind::kBf16>(scratch, m, w, y, ldy, s);
