@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend claims, proved on a GPU in one short run (about
-# 5 minutes on an H200), writing a log and JSON under $OUT:
+# a minute on an H200 with prebuilt binaries), writing a log and JSON under $OUT:
 #  1. the GPU test suite: every backend operation on "cuda" against the CPU
 #     reference, the golden-logit tests of every architecture on "cuda", and
 #     the shared element arithmetic (CudaMath);
