@@ -60,6 +60,14 @@ for dev in cuda cpu; do
   done
 done
 
+step "kvant bench: Qwen3-30B-A3B-shaped MoE at a quarter scale (random weights), CPU and CUDA"
+Q=/tmp/kvant-moe
+"$BIN/kvant" synth --like tests/fixtures/plan/qwen3_30b_a3b_config.json --scale 0.25 -o "$Q" || status=1
+for dev in cuda cpu; do
+  timeout 90 "$BIN/kvant" bench -m "$Q" --device "$dev" --weights bf16 --prompt-tokens 512 \
+    --gen-tokens 64 --reps 2 --json | tee -a "$OUT/bench.jsonl" || status=1
+done
+
 step "kvant bench through the engine on CUDA: BF16 vs FP8 KV, BF16 vs INT4 weights, 1-64 concurrent"
 # The engine needs a tokenizer; the tiny test one will do for random prompts.
 cp tests/fixtures/tokenizer/hf_tiny/tokenizer.json tests/fixtures/tokenizer/hf_tiny/tokenizer_config.json "$M"/

@@ -520,6 +520,23 @@ void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* 
   gemm_k<<<g, 256, 0, s>>>(x, ldx, m, w, y, ldy);
 }
 
+// out.row(t) = sum over j < k, in order, of w[t k + j] * ys.row(slot[t k + j])
+// (fma from zero, as the CPU backend sums them: the same bits).
+__global__ void moe_combine_k(const float* ys, int64_t ldy, const float* w, const int64_t* slot,
+                              int64_t k, float* out, int64_t ldo, int64_t cols) {
+  const int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < cols; d += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < k; ++j) acc = fmaf(w[t * k + j], ys[slot[t * k + j] * ldy + d], acc);
+    out[t * ldo + d] = acc;
+  }
+}
+
+void moe_combine(const float* ys, int64_t ldy, const float* w, const int64_t* slot, int64_t k,
+                 float* out, int64_t ldo, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows > 0) moe_combine_k<<<unsigned(rows), 256, 0, s>>>(ys, ldy, w, slot, k, out, ldo, cols);
+}
+
 __global__ void rope_k(float* x, int64_t ldx, int64_t heads, int64_t stride, int64_t dim,
                        const float* cosv, int64_t ldc, const float* sinv, int64_t lds, int interleave) {
   const int64_t t = blockIdx.x, half = dim / 2;

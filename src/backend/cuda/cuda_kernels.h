@@ -108,6 +108,9 @@ void copy_rows(const float* src, int64_t lds, const int64_t* src_rows, float* ds
 int64_t linear_scratch_bytes(int64_t m, const DevWeights& w);
 void linear(const float* x, int64_t ldx, int64_t m, const DevWeights& w, float* y, int64_t ldy,
             uint16_t* scratch, cudaStream_t s);
+// out.row(t) = sum_j (in order) w[t k + j] * ys.row(slot[t k + j]).
+void moe_combine(const float* ys, int64_t ldy, const float* w, const int64_t* slot, int64_t k,
+                 float* out, int64_t ldo, int64_t rows, int64_t cols, cudaStream_t s);
 void rope(float* x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_stride, int64_t dim,
           const float* cos, int64_t ldc, const float* sin, int64_t lds, int interleave,
           cudaStream_t s);
