@@ -177,7 +177,7 @@ void CudaBackend::embed(const Matrix& table, int64_t row0, const int32_t* tokens
     sync();
     return cpu_.embed(table, row0, tokens, scale, out);
   }
-  Stager st;
+  Stager st(stage_);
   const F32 o = st.view(out, true);
   const int32_t* tk = st.get(tokens, size_t(out.rows), false);
   cuda::embed(it->second.w.bf16, table.rows, table.cols, row0, tk, scale, o.data, o.ld, o.rows, s_);
@@ -185,7 +185,7 @@ void CudaBackend::embed(const Matrix& table, int64_t row0, const int32_t* tokens
 
 void CudaBackend::rmsnorm(CF32 x, const float* w, float eps, F32 y) {
   const float* wd = constant(w, size_t(x.cols));
-  Stager st;
+  Stager st(stage_);
   if (y.data == x.data) {  // in place
     const F32 yd = st.view(y, true);
     cuda::rmsnorm(yd.data, yd.ld, wd, eps, yd.data, yd.ld, x.rows, x.cols, 1, s_);
@@ -198,7 +198,7 @@ void CudaBackend::rmsnorm(CF32 x, const float* w, float eps, F32 y) {
 
 void CudaBackend::rmsnorm_heads(F32 x, int64_t heads, int64_t hd, const float* w, float eps) {
   const float* wd = constant(w, size_t(hd));
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   cuda::rmsnorm(xd.data, xd.ld, wd, eps, xd.data, xd.ld, x.rows, heads * hd, heads, s_);
 }
@@ -206,13 +206,13 @@ void CudaBackend::rmsnorm_heads(F32 x, int64_t heads, int64_t hd, const float* w
 void CudaBackend::layernorm(F32 x, const float* w, const float* b, double eps) {
   const float* wd = constant(w, size_t(x.cols));
   const float* bd = constant(b, size_t(x.cols));
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   cuda::layernorm(xd.data, xd.ld, wd, bd, eps, x.rows, x.cols, s_);
 }
 
 void CudaBackend::add(F32 x, CF32 y) {
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   const CF32 yd = st.view(y, false);
   cuda::add(xd.data, xd.ld, yd.data, yd.ld, nullptr, x.rows, x.cols, s_);
@@ -220,20 +220,20 @@ void CudaBackend::add(F32 x, CF32 y) {
 
 void CudaBackend::add_bias(F32 x, const float* b) {
   const float* bd = constant(b, size_t(x.cols));
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   cuda::add(xd.data, xd.ld, nullptr, 0, bd, x.rows, x.cols, s_);
 }
 
 void CudaBackend::gated_act(GateAct act, CF32 gu, F32 out) {
-  Stager st;
+  Stager st(stage_);
   const CF32 g = st.view(gu, false);
   const F32 o = st.view(out, true);
   cuda::gated_act(act == GateAct::kGeluTanh ? 1 : 0, g.data, g.ld, o.data, o.ld, out.rows, out.cols, s_);
 }
 
 void CudaBackend::softcap(F32 x, float cap) {
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   cuda::softcap(xd.data, xd.ld, cap, x.rows, x.cols, s_);
 }
@@ -241,7 +241,7 @@ void CudaBackend::softcap(F32 x, float cap) {
 void CudaBackend::copy_rows(CF32 src, const int64_t* src_rows, F32 dst, const int64_t* dst_rows,
                             int64_t n) {
   if (n == 0) return;
-  Stager st;
+  Stager st(stage_);
   // The views' whole extent: rows may be addressed in any order.
   const CF32 s = st.view(src, false);
   const F32 d = st.view(dst, true);
@@ -256,7 +256,7 @@ void CudaBackend::linear(CF32 x, LinearRef w, F32 y) {
     sync();
     return cpu_.linear(x, w, y);
   }
-  Stager st;
+  Stager st(stage_);
   const CF32 xd = st.view(x, false);
   const F32 yd = st.view(y, true);
   auto* xb = static_cast<uint16_t*>(xb_.get(size_t(cuda::linear_scratch_bytes(x.rows, *dw))));
@@ -283,7 +283,7 @@ void CudaBackend::moe_permute(const int32_t* ids, int64_t k, int64_t E, CF32 x, 
 void CudaBackend::moe_combine(CF32 ys, const float* weights, const int64_t* slot, int64_t k,
                               F32 out) {
   if (out.rows == 0) return;
-  Stager st;
+  Stager st(stage_);
   const size_t n = size_t(out.rows * k);
   const CF32 y = st.view(ys, false);
   const F32 o = st.view(out, true);
@@ -315,7 +315,7 @@ void CudaBackend::rope_table(const StepPlan& plan, const float* inv_freq, int64_
 
 void CudaBackend::rope(F32 x, int64_t heads, int64_t stride, int64_t dim, CF32 cos, CF32 sin,
                        bool interleave) {
-  Stager st;
+  Stager st(stage_);
   const F32 xd = st.view(x, true);
   const CF32 c = st.view(cos, false), s = st.view(sin, false);
   cuda::rope(xd.data, xd.ld, x.rows, heads, stride, dim, c.data, c.ld, s.data, s.ld, interleave ? 1 : 0, s_);

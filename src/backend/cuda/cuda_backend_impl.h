@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -45,22 +46,63 @@ class Scratch {
   size_t n_ = 0;
 };
 
+// Device memory that staged host data lives in: blocks taken in order during
+// one operation and reused by the next (the legacy stream orders a later
+// upload after the kernels that read the earlier one). When an operation
+// needed more than one block, they are merged into one before the next.
+class StagePool {
+ public:
+  ~StagePool() { release(); }
+  void* take(size_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;
+    if (blocks_.empty() || used_ + bytes > blocks_.back().second) {
+      const size_t size = std::max(bytes, blocks_.empty() ? size_t(1) << 20 : 2 * blocks_.back().second);
+      blocks_.push_back({dev_alloc(size), size});
+      used_ = 0;
+    }
+    void* p = static_cast<uint8_t*>(blocks_.back().first) + used_;
+    used_ += bytes;
+    return p;
+  }
+  // The operation is over (its write-backs done, so its kernels finished).
+  void reset() {
+    if (blocks_.size() > 1) {
+      size_t total = 0;
+      for (auto& b : blocks_) total += b.second;
+      release();
+      blocks_.push_back({dev_alloc(total), total});
+    }
+    used_ = 0;
+  }
+
+ private:
+  void release() {
+    for (auto& b : blocks_) cudaFree(b.first);
+    blocks_.clear();
+  }
+  std::vector<std::pair<void*, size_t>> blocks_;
+  size_t used_ = 0;
+};
+
 // Host memory staged through device memory for one operation: get() returns
 // a device pointer for n elements at p (p itself when the device can read
-// it); those marked write-back are copied home when the stager ends.
+// it); those marked write-back are copied home when the stager ends. One
+// stager at a time per backend (it resets the pool when it ends).
 class Stager {
  public:
+  explicit Stager(StagePool& pool) : pool_(pool) {}
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
   ~Stager() {
-    for (auto& s : items_) {
+    for (auto& s : items_)
       if (s.back) ck(cudaMemcpy(s.host, s.dev, s.bytes, cudaMemcpyDeviceToHost), "stage back");
-      cudaFree(s.dev);
-    }
+    pool_.reset();
   }
   template <class T>
   T* get(T* p, size_t n, bool write_back) {
     if (!p || n == 0 || device_accessible(p)) return p;
     using U = std::remove_const_t<T>;
-    void* d = dev_alloc(n * sizeof(U));
+    void* d = pool_.take(n * sizeof(U));
     ck(cudaMemcpy(d, p, n * sizeof(U), cudaMemcpyHostToDevice), "stage in");
     items_.push_back({d, const_cast<U*>(p), n * sizeof(U), write_back});
     return static_cast<T*>(d);
@@ -70,7 +112,6 @@ class Stager {
     const size_t n = v.rows > 0 ? size_t((v.rows - 1) * v.ld + v.cols) : 0;
     return {get(v.data, n, write_back), v.rows, v.cols, v.ld};
   }
-  bool any() const { return !items_.empty(); }
 
  private:
   struct Item {
@@ -79,6 +120,7 @@ class Stager {
     size_t bytes;
     bool back;
   };
+  StagePool& pool_;
   std::vector<Item> items_;
 };
 
@@ -210,6 +252,7 @@ class CudaBackend final : public Backend {
   mutable std::unordered_map<const void*, Resident> weights_;
   std::unordered_map<const void*, Const> consts_;
   Scratch meta_, partial_, staged_pages_, xb_;
+  StagePool stage_;
   // Step tables built by begin_step (device-resident pages only).
   const StepPlan* plan_ = nullptr;
   int64_t step_ = 0, built_step_ = -1;

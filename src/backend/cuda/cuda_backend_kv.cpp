@@ -162,7 +162,7 @@ void CudaBackend::pages_back(const StepPlan& plan, int64_t) {
 }
 
 void CudaBackend::kv_store(const StepPlan& plan, int64_t layer, CF32 k, CF32 v) {
-  Stager st;
+  Stager st(stage_);
   const Step s = step_tables(plan, layer);
   if (!s.ok || (s.f.elem != 0 && !s.f.dynamic && !s.f.static_k)) {
     sync();
@@ -175,7 +175,7 @@ void CudaBackend::kv_store(const StepPlan& plan, int64_t layer, CF32 k, CF32 v) 
 }
 
 void CudaBackend::kv_store_index(const StepPlan& plan, int64_t layer, CF32 k) {
-  Stager st;
+  Stager st(stage_);
   const Step s = step_tables(plan, layer);
   if (!s.ok) {
     sync();
@@ -189,7 +189,7 @@ void CudaBackend::kv_store_index(const StepPlan& plan, int64_t layer, CF32 k) {
 void CudaBackend::kv_gather(const StepPlan& plan, int64_t layer, CF32 k_new, CF32 v_new, BF16 k,
                             BF16 v) {
   if (!plan.any_prefill) return;
-  Stager st;
+  Stager st(stage_);
   const Step s = step_tables(plan, layer);
   if (!s.ok) {
     sync();
@@ -206,7 +206,7 @@ void CudaBackend::kv_gather(const StepPlan& plan, int64_t layer, CF32 k_new, CF3
 void CudaBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
   if (plan.decode_chunks.empty()) return;
   const bool fits = a.head_dim <= cuda::kMaxAttnDim && a.head_dim % 2 == 0;
-  Stager st;
+  Stager st(stage_);
   const Step s = fits ? step_tables(plan, a.layer) : Step{};
   if (!s.ok) {
     sync();
@@ -241,7 +241,7 @@ void CudaBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
 void CudaBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
   if (!plan.any_prefill) return;
   const bool fits = a.head_dim <= cuda::kMaxAttnDim && a.v_dim <= cuda::kMaxAttnDim;
-  Stager st;
+  Stager st(stage_);
   const Step s = fits ? step_tables(plan, 0) : Step{};
   if (!s.ok) {
     sync();
