@@ -263,6 +263,25 @@ void CudaBackend::linear(CF32 x, LinearRef w, F32 y) {
   cuda::linear(xd.data, xd.ld, x.rows, *dw, yd.data, yd.ld, xb, s_);
 }
 
+// The routing is the CPU backend's: the T x E logits come to the host in one
+// copy and the T x k choices go back in two (copies, not page faults on the
+// managed buffers).
+void CudaBackend::moe_route(const RouterConfig& rc, CF32 logits, const float* bias, int32_t* ids,
+                            float* weights) {
+  if (logits.rows == 0) return;
+  const size_t n = size_t(logits.rows * logits.cols), nk = size_t(logits.rows * rc.top_k);
+  route_logits_.resize(n);
+  route_w_.resize(nk);
+  route_ids_.resize(nk);
+  ck(cudaMemcpy2D(route_logits_.data(), size_t(logits.cols) * 4, logits.data, size_t(logits.ld) * 4,
+                  size_t(logits.cols) * 4, size_t(logits.rows), cudaMemcpyDefault),
+     "router logits");
+  cpu_.moe_route(rc, dense(static_cast<const float*>(route_logits_.data()), logits.rows, logits.cols),
+                 bias, route_ids_.data(), route_w_.data());
+  ck(cudaMemcpy(ids, route_ids_.data(), nk * 4, cudaMemcpyDefault), "expert choices");
+  ck(cudaMemcpy(weights, route_w_.data(), nk * 4, cudaMemcpyDefault), "expert weights");
+}
+
 // The counting sort on the host (the choices are host memory, written by
 // moe_route; the model reads the offsets back), the rows moved on the device.
 void CudaBackend::moe_permute(const int32_t* ids, int64_t k, int64_t E, CF32 x, F32 xs,

@@ -184,10 +184,7 @@ class CudaBackend final : public Backend {
   // Without a device kernel: the CPU backend, once the device is idle
   // (routing reads T x E logits and writes T x k choices: little to move).
   void moe_route(const RouterConfig& rc, CF32 logits, const float* bias, int32_t* ids,
-                 float* weights) override {
-    sync();
-    cpu_.moe_route(rc, logits, bias, ids, weights);
-  }
+                 float* weights) override;
   void moe_permute(const int32_t* ids, int64_t k, int64_t experts, CF32 x, F32 xs,
                    const MoeSort& sort) override;
   void moe_combine(CF32 ys, const float* weights, const int64_t* slot, int64_t k,
@@ -259,6 +256,9 @@ class CudaBackend final : public Backend {
   Step cached_{};
   std::vector<uint8_t> host_meta_;
   std::vector<int64_t> src_rows_;  // moe_permute's source rows
+  // moe_route's logits and choices on the host.
+  std::vector<float> route_logits_, route_w_;
+  std::vector<int32_t> route_ids_;
   // Host pages staged for the current operation: (host page, device copy).
   std::vector<std::pair<uint8_t*, uint8_t*>> staged_;
   int64_t staged_bytes_ = 0;
