@@ -22,7 +22,7 @@ struct QuantizeCliOpts {
   int group_size = 128;
   bool asym = false, quantize_lm_head = false, json = false, strict_groups = false,
        act_order = false;
-  double damp = 0.01;
+  double damp = 0.01, sink_weight = 1.0;
   int64_t calib_tokens = 4096, calib_rows = 256;
   std::vector<std::string> keep;
   int threads = 0;
@@ -47,6 +47,7 @@ int run_quantize(const QuantizeCliOpts& c) {
   if ((awq || gptq) && c.calib.empty())
     return fail("--method " + c.method + " needs --calib TEXTFILE");
   if (c.act_order && !gptq) return fail("--act-order is a GPTQ option (--method gptq)");
+  if (c.sink_weight != 1.0 && !gptq) return fail("--sink-weight is a GPTQ option (--method gptq)");
   const bool fp8 = c.format == "fp8";
   if (fp8 && (c.method != "rtn" || c.asym || c.strict_groups))
     return fail("--format fp8 takes 128x128 block scales (amax / 448): --method, --asym and "
@@ -68,6 +69,7 @@ int run_quantize(const QuantizeCliOpts& c) {
     p.gptq = gptq;
     p.gptq_damp = c.damp;
     p.gptq_act_order = c.act_order;
+    p.gptq_sink_weight = c.sink_weight;
     p.calib_tokens = std::move(ids);
     p.calib_source = c.calib;
     p.calib_rows = c.calib_rows;
@@ -138,6 +140,10 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("--calib", o.calib, "calibration text file (awq, gptq)");
   cmd->add_option("--damp", o.damp, "gptq: dampening, a share of the Hessian's mean diagonal")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--sink-weight", o.sink_weight,
+                  "gptq: weight of each calibration chunk's first position (the attention sink) "
+                  "in the Hessian (default 1)")
+      ->check(CLI::Range(1.0, 1e6));
   cmd->add_flag("--act-order", o.act_order,
                 "gptq: columns in order of decreasing activation energy (group scales from the "
                 "original weights, so the checkpoint needs no group index)");

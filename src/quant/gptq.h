@@ -29,6 +29,11 @@ struct GptqOptions {
   bool asym = false;
   double damp = 0.01;  // of the mean of H's diagonal
   bool act_order = false;
+  // Weight of each calibration chunk's first position in the Hessian (1: as
+  // every other row). That position is the attention sink, where small
+  // models carry their massive activations; weighting it protects the
+  // outputs every later position attends to (docs/BENCHMARKS.md, GPTQ).
+  double sink_weight = 1.0;
 };
 
 struct GptqStats {

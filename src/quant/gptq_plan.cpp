@@ -8,6 +8,7 @@
 #include "kernels/cpu/kernels.h"
 #include "model/archs/arch.h"
 #include "model/archs/tensor_names.h"
+#include "numerics/bf16.h"
 #include "quant/calibration.h"
 
 namespace kvant {
@@ -43,6 +44,15 @@ Result<GptqPlan> gptq_plan(Model& model, std::span<const int32_t> tokens, int64_
     K.gemm_bf16(xt.data(), rows, xt.data(), rows, tmp.data(), d, d, 0, d);
     auto& a = acc[size_t(l * 4 + which)];
     for (int64_t i = 0; i < d * d; ++i) a[size_t(i)] += tmp[size_t(i)];
+    // Each chunk starts at position 0: its first row is the attention sink,
+    // counted sink_weight times in all (the extra w - 1 of its outer product).
+    if (o.sink_weight != 1.0 && rows > 0) {
+      const float extra = float(o.sink_weight - 1.0);
+      for (int64_t i = 0; i < d; ++i) {
+        const float xi = bf16_to_f32(xt[size_t(i * rows)]) * extra;
+        for (int64_t j = 0; j < d; ++j) a[size_t(i * d + j)] += xi * bf16_to_f32(xt[size_t(j * rows)]);
+      }
+    }
   };
   auto seen = run_calibration(model, tokens, chunk, "gptq", observe);
   if (!seen) return seen.error();

@@ -38,6 +38,7 @@ Result<GptqPlan> plan_gptq(const QuantizePipelineOptions& o) {
   g.asym = o.checkpoint.asymmetric;
   g.damp = o.gptq_damp;
   g.act_order = o.gptq_act_order;
+  g.sink_weight = o.gptq_sink_weight;
   return gptq_plan(**m, o.calib_tokens, o.calib_chunk, g);
 }
 

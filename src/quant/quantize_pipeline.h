@@ -23,6 +23,7 @@ struct QuantizePipelineOptions {
   bool gptq = false;           // GPTQ rounding (with or without AWQ scales); else RTN
   double gptq_damp = 0.01;
   bool gptq_act_order = false;
+  double gptq_sink_weight = 1.0;
   // AWQ / GPTQ: the calibration tokens, run in chunks of calib_chunk; AWQ
   // keeps up to calib_rows input rows per product for its scale search,
   // GPTQ accumulates every row into the products' Hessians.

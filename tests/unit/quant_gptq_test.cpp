@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -155,6 +156,37 @@ TEST_P(GptqModelTest, CheckpointIsCloserThanRtnOnTheCalibrationText) {
               GetParam().c_str(), rtn, gptq, both);
   EXPECT_LT(gptq, rtn);
   EXPECT_LT(both, rtn);
+}
+
+// The sink weight adds (w - 1) x0 x0^T per chunk (x0: the chunk's first
+// row) to each Hessian: H(9) - H(1) is 8 (H(2) - H(1)), and it is not zero.
+TEST(GptqPlan, SinkWeightScalesTheFirstPositionsTerm) {
+  auto m = Model::load(std::string(KVANT_FIXTURES) + "/golden/llama3",
+                       {WeightPrecision::kBf16, WeightPrecision::kBf16});
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  std::mt19937 rng(3);
+  std::vector<int32_t> calib(128);
+  for (auto& t : calib) t = int32_t(rng() % uint32_t((*m)->config().vocab));
+  auto plan = [&](double w) {
+    GptqOptions o;
+    o.sink_weight = w;
+    auto p = gptq_plan(**m, calib, 64, o);
+    EXPECT_TRUE(p.ok());
+    return p.ok() ? p->hessian : std::vector<std::vector<double>>{};
+  };
+  const auto h1 = plan(1.0), h2 = plan(2.0), h9 = plan(9.0);
+  ASSERT_EQ(h1.size(), h9.size());
+  for (size_t k = 0; k < h1.size(); ++k) {
+    double scale = 0, worst = 0, extra = 0;
+    for (size_t i = 0; i < h1[k].size(); ++i) {
+      const double d2 = h2[k][i] - h1[k][i], d9 = h9[k][i] - h1[k][i];
+      scale = std::max(scale, std::fabs(d9));
+      worst = std::max(worst, std::fabs(d9 - 8 * d2));
+      extra += d2 * (i % (size_t(std::sqrt(double(h1[k].size()))) + 1) == 0 ? 1 : 0);  // trace
+    }
+    EXPECT_GT(extra, 0) << "product " << k;
+    EXPECT_LE(worst, 1e-4 * scale) << "product " << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GptqModelTest, ::testing::Values("llama3", "gemma3"));
