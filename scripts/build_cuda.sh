@@ -27,4 +27,4 @@ if grep -E "ptxas.*(spill|lmem|local memory)" "$log"; then
   echo "build_cuda: ptxas reports spills or local memory (above)"
   exit 1
 fi
-echo "build_cuda: CUDA build of $(grep -c '\.cu\.o' "$log" || true) CUDA object(s) clean (no spills)"
+echo "build_cuda: $(grep -oE '[^ ]+\.cu\.o' "$log" | sort -u | wc -l) CUDA object(s) built clean (no spills)"
