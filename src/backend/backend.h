@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -126,6 +127,10 @@ struct MoeSort {
   int64_t* fill = nullptr;     // [experts] scratch
 };
 
+// The stable counting sort every backend's moe_permute makes (host memory):
+// offsets and slot of the n = tokens * k choices in ids.
+void moe_counting_sort(const int32_t* ids, int64_t n, int64_t experts, const MoeSort& sort);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -233,6 +238,10 @@ class Backend {
                           int64_t heads, int64_t head_dim, int64_t topk, int32_t* sel,
                           uint8_t* sparse) = 0;
 };
+
+// Memory for KV pages where `be` computes (PagePoolOptions::arena,
+// SeqKvOptions::arena): null for a host-memory backend, else its alloc().
+std::function<std::shared_ptr<uint8_t>(size_t)> kv_arena(Backend& be);
 
 // The CPU backend over the best kernel table this machine runs.
 std::unique_ptr<Backend> make_cpu_backend();

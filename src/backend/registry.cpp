@@ -1,6 +1,9 @@
 // Which backends this build and machine run, by name (backend.h): "cpu"
 // always, "cuda" in KVANT_CUDA builds on a machine with a CUDA device, and
-// "cpu-scalar", the reference the op tests compare against.
+// "cpu-scalar", the reference the op tests compare against; and the
+// backend-independent helpers backend.h declares (the MoE counting sort,
+// KV arenas from a backend's memory).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +23,22 @@ std::vector<std::string> available_backends() {
   if (cuda_device_count() > 0) v.push_back("cuda");
 #endif
   return v;
+}
+
+void moe_counting_sort(const int32_t* ids, int64_t n, int64_t E, const MoeSort& s) {
+  std::fill(s.offsets, s.offsets + E + 1, int64_t(0));
+  for (int64_t i = 0; i < n; ++i) ++s.offsets[ids[i] + 1];
+  for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
+  std::copy(s.offsets, s.offsets + E, s.fill);
+  for (int64_t i = 0; i < n; ++i) s.slot[i] = s.fill[ids[i]]++;
+}
+
+std::function<std::shared_ptr<uint8_t>(size_t)> kv_arena(Backend& be) {
+  if (be.host_memory()) return nullptr;
+  return [&be](size_t bytes) {
+    auto buf = std::make_shared<DeviceBuffer>(be.alloc(bytes));
+    return std::shared_ptr<uint8_t>(buf, static_cast<uint8_t*>(buf->data()));
+  };
 }
 
 std::string backend_device(const std::string& name) {

@@ -181,11 +181,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   }
   int64_t budget = o.kv_memory_bytes;
   backend::Backend& be = e->model_->backend();
-  if (!be.host_memory())
-    po.arena = [&be](size_t bytes) {
-      auto buf = std::make_shared<backend::DeviceBuffer>(be.alloc(bytes));
-      return std::shared_ptr<uint8_t>(buf, static_cast<uint8_t*>(buf->data()));
-    };
+  po.arena = backend::kv_arena(be);
   if (budget <= 0) {
     const int64_t avail = be.free_memory() >= 0 ? be.free_memory() : mem_available_bytes();
     if (avail <= 0)

@@ -58,12 +58,7 @@ std::string ModelRunner::backend_name() const { return impl_->model->backend_nam
 std::string ModelRunner::device() const { return impl_->model->backend().device(); }
 
 std::function<std::shared_ptr<uint8_t>(size_t)> ModelRunner::kv_arena() const {
-  backend::Backend& be = impl_->model->backend();
-  if (be.host_memory()) return nullptr;
-  return [&be](size_t bytes) {
-    auto buf = std::make_shared<backend::DeviceBuffer>(be.alloc(bytes));
-    return std::shared_ptr<uint8_t>(buf, static_cast<uint8_t*>(buf->data()));
-  };
+  return backend::kv_arena(impl_->model->backend());
 }
 double ModelRunner::comm_seconds() const { return impl_->model->comm_seconds(); }
 void ModelRunner::set_comm_split(bool on) { impl_->model->set_comm_split(on); }

@@ -326,15 +326,9 @@ void CpuBackend::moe_route(const RouterConfig& rc, CF32 logits, const float* bia
 void CpuBackend::moe_permute(const int32_t* ids, int64_t k, int64_t E, CF32 x, F32 xs,
                              const MoeSort& s) {
   const int64_t n = x.rows * k;
-  std::fill(s.offsets, s.offsets + E + 1, int64_t(0));
-  for (int64_t i = 0; i < n; ++i) ++s.offsets[ids[i] + 1];
-  for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
-  std::copy(s.offsets, s.offsets + E, s.fill);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = s.fill[ids[i]]++;
-    s.slot[i] = row;
-    std::memcpy(xs.row(row), x.row(i / k), size_t(x.cols) * sizeof(float));
-  }
+  moe_counting_sort(ids, n, E, s);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(xs.row(s.slot[i]), x.row(i / k), size_t(x.cols) * sizeof(float));
 }
 
 void CpuBackend::moe_combine(CF32 ys, const float* weights, const int64_t* slot, int64_t k,

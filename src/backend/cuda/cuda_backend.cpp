@@ -287,15 +287,9 @@ void CudaBackend::moe_route(const RouterConfig& rc, CF32 logits, const float* bi
 void CudaBackend::moe_permute(const int32_t* ids, int64_t k, int64_t E, CF32 x, F32 xs,
                               const MoeSort& s) {
   const int64_t n = x.rows * k;
-  std::fill(s.offsets, s.offsets + E + 1, int64_t(0));
-  for (int64_t i = 0; i < n; ++i) ++s.offsets[ids[i] + 1];
-  for (int64_t e = 0; e < E; ++e) s.offsets[e + 1] += s.offsets[e];
-  std::copy(s.offsets, s.offsets + E, s.fill);
+  moe_counting_sort(ids, n, E, s);
   src_rows_.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) {
-    s.slot[i] = s.fill[ids[i]]++;
-    src_rows_[size_t(i)] = i / k;
-  }
+  for (int64_t i = 0; i < n; ++i) src_rows_[size_t(i)] = i / k;
   copy_rows(x, src_rows_.data(), xs, s.slot, n);
 }
 

@@ -255,6 +255,14 @@ class CudaBackend final : public Backend {
   int64_t step_ = 0, built_step_ = -1;
   Step cached_{};
   std::vector<uint8_t> host_meta_;
+  // The step tables as step_tables packs them (kept: no allocation per step).
+  struct HostTables {
+    std::vector<cuda::DevChunk> chunks;
+    std::vector<uint8_t*> pages;
+    std::vector<int32_t> tok_chunk;
+    std::vector<int64_t> tok_pos, gather, tasks;
+    std::vector<uint8_t> tok_writes;
+  } host_tables_;
   std::vector<int64_t> src_rows_;  // moe_permute's source rows
   // moe_route's logits and choices on the host.
   std::vector<float> route_logits_, route_w_;

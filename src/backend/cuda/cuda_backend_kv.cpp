@@ -27,12 +27,16 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
     if (c.kv->n_pages > 0 && !device_accessible(c.kv->pages[0])) host_pages = true;
   const bool reuse = !host_pages && &plan == plan_ && built_step_ == step_;
   if (!reuse) {
-    // Pack every table into one host buffer, then one upload.
-    std::vector<cuda::DevChunk> chunks;
-    std::vector<uint8_t*> pages;
-    std::vector<int32_t> tok_chunk;
-    std::vector<int64_t> tok_pos, gather, tasks;
-    std::unordered_map<uint8_t*, uint8_t*> seen;
+    // Pack every table into one host buffer, then one upload. The vectors
+    // are members: a steady state allocates nothing.
+    auto& [chunks, pages, tok_chunk, tok_pos, gather, tasks, tok_writes] = host_tables_;
+    chunks.clear();
+    pages.clear();
+    tok_chunk.clear();
+    tok_pos.clear();
+    gather.clear();
+    tasks.clear();
+    std::unordered_map<uint8_t*, uint8_t*> seen;  // host pages only (tests)
     if (host_pages) {
       int64_t n = 0;
       for (const auto& c : plan.chunks) n += c.kv->n_pages;
@@ -69,10 +73,14 @@ CudaBackend::Step CudaBackend::step_tables(const StepPlan& plan, int64_t layer) 
       tok_chunk.push_back(t.chunk);
       tok_pos.push_back(t.pos);
     }
-    // Two tokens of one step writing one slot (only in tests that share a
-    // span between chunks): the later one stores, as on the CPU.
-    std::vector<uint8_t> tok_writes(plan.tokens.size(), 1);
-    {
+    // Two tokens of one step writing one slot (only in tests that give two
+    // chunks one span): the later one stores, as on the CPU.
+    tok_writes.assign(plan.tokens.size(), 1);
+    bool shared_span = false;
+    for (size_t a = 0; a < plan.chunks.size() && !shared_span; ++a)
+      for (size_t b = a + 1; b < plan.chunks.size() && !shared_span; ++b)
+        shared_span = plan.chunks[a].kv == plan.chunks[b].kv;
+    if (shared_span) {
       std::unordered_map<const uint8_t*, size_t> last;
       for (size_t t = 0; t < plan.tokens.size(); ++t) {
         const StepChunk& c = plan.chunks[size_t(plan.tokens[t].chunk)];
