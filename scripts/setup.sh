@@ -19,7 +19,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libpcre2-dev libutf8proc-dev libxxhash-dev
       libspdlog-dev libfmt-dev libcli11-dev libomp-dev clang
-      libboost-dev libboost-system-dev libopenmpi-dev openmpi-bin iproute2)
+      libboost-dev libboost-system-dev libopenmpi-dev openmpi-bin iproute2
+      json-schema-test-suite)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

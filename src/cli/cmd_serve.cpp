@@ -14,6 +14,7 @@
 #include "engine/kv_plan.h"
 #include "server/admission.h"
 #include "server/server.h"
+#include "tokenizer/chat_output.h"
 #include "tokenizer/chat_template.h"
 
 namespace kvant::cli {
@@ -26,6 +27,7 @@ struct ServeOpts {
   std::string api_key, api_key_file;
   std::string model_name;
   std::string chat_template;
+  std::string tool_parser = "auto", reasoning_parser = "auto";
   std::string max_body = "32MiB";
   int64_t max_waiting = 1024;
   int64_t max_queued_tokens = 0;
@@ -123,14 +125,41 @@ int run_serve(const ServeOpts& o) {
   if (chat) {
     std::fprintf(stderr, "kvant serve: chat prompts use %s\n", chat->description().c_str());
     auto renderer = std::make_shared<const ChatRenderer>(std::move(*chat));
-    so.render_chat = [&tok, renderer](const server::ChatMessages& m) -> Result<std::vector<int32_t>> {
-      std::vector<ChatMessage> msgs;
-      msgs.reserve(m.size());
-      for (const auto& [role, content] : m) msgs.push_back({role, content});
-      auto text = renderer->render(msgs, /*add_generation_prompt=*/true);
+    so.render_chat = [&tok, renderer](const server::ChatInput& c) -> Result<server::RenderedChat> {
+      JinjaChatInput in;
+      in.messages = c.messages;
+      in.tools = c.tools;
+      in.variables = c.kwargs;
+      in.add_generation_prompt = true;
+      auto text = renderer->render(in);
       if (!text) return text.error();
-      return tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
+      server::RenderedChat out;
+      out.ids = tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
+      out.starts_in_reasoning = prompt_opens_reasoning(*text);
+      return out;
     };
+    // How the model writes tool calls and reasoning: named, or read from
+    // its template.
+    const std::string& tt = renderer->template_text();
+    if (o.tool_parser == "auto") {
+      so.tool_format = detect_tool_format(tt);
+    } else {
+      auto f = tool_format_from_name(o.tool_parser);
+      if (!f) return fail(f.error().message);
+      so.tool_format = *f;
+    }
+    if (o.reasoning_parser == "auto")
+      so.reasoning_format = detect_reasoning_format(tt);
+    else if (o.reasoning_parser == "think")
+      so.reasoning_format = ReasoningFormat::ThinkTags;
+    else if (o.reasoning_parser == "none")
+      so.reasoning_format = ReasoningFormat::None;
+    else
+      return fail("--reasoning-parser must be auto, think or none, got '" + o.reasoning_parser + "'");
+    std::fprintf(stderr, "kvant serve: tool calls: %s; reasoning: %s\n",
+                 so.tool_format == ToolFormat::None ? "none (requests with tools are refused)"
+                                                    : std::string(tool_format_name(so.tool_format)).c_str(),
+                 so.reasoning_format == ReasoningFormat::ThinkTags ? "<think> tags" : "none");
   } else {
     std::fprintf(stderr, "kvant serve: no chat template (%s); only /v1/completions works\n",
                  chat.error().message.c_str());
@@ -167,6 +196,12 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--chat-template", o.chat_template,
                   "chat template: a built-in name (chatml, smollm2, gemma, llama3) or a Jinja "
                   "file (default: the model's own template, else the built-in one detected)");
+  cmd->add_option("--tool-parser", o.tool_parser,
+                  "how the model writes tool calls: auto (from the chat template), hermes, "
+                  "qwen3_coder, llama3_json, deepseek_v3, deepseek_v31, kimi_k2, glm45, none");
+  cmd->add_option("--reasoning-parser", o.reasoning_parser,
+                  "how the model writes reasoning: auto (from the chat template), think "
+                  "(<think>...</think> becomes reasoning_content), none");
   cmd->add_option("--max-body", o.max_body, "largest request body, e.g. 32MiB (413 beyond)");
   cmd->add_option("--max-logprobs", o.max_logprobs,
                   "most alternatives per token in completions' logprobs; above 20 only for the "

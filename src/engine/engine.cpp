@@ -254,6 +254,10 @@ Result<void> Engine::check_request(Request& r) const {
     return make_error("prompt_logprobs_from must be in [1, " + std::to_string(n) +
                       "] (the prompt's length), got " + std::to_string(r.prompt_logprobs_from));
   KV_TRY(check_sampling_params(r.sampling));
+  if (r.constraint && distributed())
+    return make_error(
+        "structured output and forced tool calls are not available with tensor or expert "
+        "parallelism");
   for (const auto& [t, b] : r.sampling.logit_bias)
     if (t >= c.vocab)
       return make_error("logit_bias token id " + std::to_string(t) +
@@ -579,8 +583,10 @@ void Engine::sample_and_stream(const StepPlan& plan, int64_t vocab) {
       continue;
     }
     StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
+    if (r.request.constraint && !constrain(r, row, i, -1)) continue;
     const int32_t tok = r.sampler.sample(row, lp);
     r.sampler.accept(tok);
+    if (r.request.constraint && !constrain(r, row, i, tok)) continue;
     if (r.request.handoff && !r.handoff_out) capture_handoff(r, tok, e.pages, lp);
     I.sampled[i] = tok;
     ++r.completion_tokens;

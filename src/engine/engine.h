@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "engine/constraint.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -117,6 +118,7 @@ enum class ErrorCode {
   kNone,
   kKvIntegrity,  // the integrity pass caught a page that changed under it
   kEngine,       // the step that ran it failed (the model rejected the batch, memory ran out)
+  kConstraint,   // its output constraint failed (no token fits, or the grammar grew too large)
 };
 
 // One event per sampled token, and one final event (finish != None) that may
@@ -160,6 +162,10 @@ struct Request {
   // the final event carries the prompt's K/V and that token for a decode
   // engine. stop.max_tokens is taken as 1.
   bool handoff = false;
+  // What the output must look like (constraint.h): masks each draw and
+  // follows each drawn token. One per request (it keeps the request's
+  // position in its grammar); null: unconstrained.
+  std::shared_ptr<TokenConstraint> constraint;
   RequestCallback on_event;  // may be empty
 };
 
@@ -286,6 +292,10 @@ class Engine {
   // Parts of step(), in the order it runs them.
   void check_step_integrity(const StepPlan& plan);
   void sample_and_stream(const StepPlan& plan, int64_t vocab);
+  // A constrained request's row before the draw (`token` -1: the mask) or
+  // the drawn token after it; false when the constraint failed and the
+  // request ended (engine_constraint.cpp).
+  bool constrain(Req& r, std::span<float> row, size_t i, int32_t token);
   // Disaggregation (engine_handoff.cpp): a handoff request's copy of its
   // pages at its first token; imported requests given pages and started.
   void capture_handoff(Req& r, int32_t token, std::span<const PageRef> pages,

@@ -127,6 +127,9 @@ void Engine::admit_imports() {
 Result<void> Engine::start_import(Req& r) {
   auto& I = *impl_;
   const KvHandoff& h = *r.handoff_in;
+  // The prefill side drew the first token under the same constraint; this
+  // side's copy moves past it.
+  if (r.request.constraint) KV_TRY(r.request.constraint->accept(h.first_token));
   const int64_t pb = pool_->page_bytes();
   std::vector<PageRef> pages;
   pages.reserve(h.pages.size());

@@ -187,8 +187,11 @@ void get_stop(Reader& r, StopParams& p) {
 
 void put_request(Writer& w, const Request& q) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, handoff, on_event] = q;
+               prompt_only, handoff, constraint, on_event] = q;
   (void)on_event;  // stays with the rank that took the request
+  // Not carried: Engine::submit refuses constrained requests when
+  // distributed, so every request that travels has none.
+  (void)constraint;
   w.ids(prompt);
   put_sampling(w, sampling);
   put_stop(w, stop);
@@ -201,8 +204,9 @@ void put_request(Writer& w, const Request& q) {
 
 void get_request(Reader& r, Request& q) {
   auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from, prompt_only,
-         handoff, on_event] = q;
+         handoff, constraint, on_event] = q;
   on_event = nullptr;
+  constraint = nullptr;
   r.ids(prompt, "prompt");
   get_sampling(r, sampling);
   get_stop(r, stop);

@@ -80,12 +80,19 @@ std::optional<ApiError> Server::check_prompt(Endpoint endpoint, ParsedRequest& p
   if (endpoint == Endpoint::Chat) {
     if (!opt_.render_chat)
       return api_error(400, "this model has no chat template", "invalid_request_error");
-    int64_t bytes = 0;
-    for (const auto& [role, content] : pr.messages) bytes += int64_t(role.size() + content.size());
-    if (bytes > max_prompt_bytes_) return too_long(bytes, "bytes of text");
-    auto r = opt_.render_chat(pr.messages);
+    if (pr.chat_bytes > max_prompt_bytes_) return too_long(pr.chat_bytes, "bytes of text");
+    if (!pr.chat.tools.is_null() && opt_.tool_format == ToolFormat::None) {
+      ApiError e = api_error(400,
+                             "this model's chat template has no tool-call format the server "
+                             "reads; start it with --tool-parser NAME to name one",
+                             "invalid_request_error");
+      e.param = "tools";
+      return e;
+    }
+    auto r = opt_.render_chat(pr.chat);
     if (!r) return api_error(400, r.error().message, "invalid_request_error");
-    ids = std::move(*r);
+    ids = std::move(r->ids);
+    pr.output_options.starts_in_reasoning = r->starts_in_reasoning;
   } else if (pr.prompt_is_ids) {
     ids = std::move(pr.prompt_ids);
     for (int32_t t : ids)
@@ -128,12 +135,16 @@ Prepared Server::prepare(Endpoint endpoint, std::string body) const {
     p.error = std::move(e);
     return p;
   }
+  if (auto e = setup_output(p.pr)) {
+    p.error = std::move(e);
+    return p;
+  }
   if (p.pr.echo) {
     p.echo_ids = p.ids;
     p.echo_text = p.pr.prompt_is_ids ? engine_.tokenizer().decode(p.echo_ids) : p.pr.prompt;
   }
   std::string().swap(p.pr.prompt);
-  ChatMessages().swap(p.pr.messages);
+  p.pr.chat = ChatInput();
   std::vector<int32_t>().swap(p.pr.prompt_ids);
   std::string().swap(p.pr.user);
   return p;
@@ -425,6 +436,12 @@ kvant::Request Server::choice_request(const std::shared_ptr<Generation>& gen,
                                       int32_t i) {
   kvant::Request er = engine_request(pr, std::move(ids));
   er.sampling.seed = choice_seed(er.sampling.seed, i);
+  // Each choice follows the grammar on its own; the compiled automaton and
+  // its masks are shared.
+  if (pr.constraint)
+    if (auto c = pr.constraint->start()) er.constraint = std::shared_ptr<TokenConstraint>(std::move(*c));
+  // Tool-call markers that are special tokens must reach the parser.
+  if (pr.parse_output && pr.output_options.tools != ToolFormat::None) er.stop.skip_special_tokens = false;
   er.on_event = [this, gen, i](const RequestEvent& e) { on_event(gen, i, e); };
   return er;
 }
@@ -621,7 +638,9 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
       c.finished = take_events(per[size_t(i)], pr, tok, delta, delta_lps, c.usage, c.out.finish,
                                c.out.error, c.out.error_code);
       if (c.finished) --open;
-      if (pr.stream) {
+      if (pr.stream && pr.parse_output) {
+        out += parsed_sse_events(meta, pr, i, c, delta, delta_lps);
+      } else if (pr.stream) {
         if (!delta.empty() || !delta_lps.empty() || c.first_chunk || c.finished)
           out += sse_events(endpoint, meta, pr, i, c.first_chunk, delta, delta_lps, c.text_offset,
                             c.finished, c.out.finish, c.out.error, c.out.error_code);
@@ -645,6 +664,7 @@ awaitable<bool> Server::run_generation(ConnPtr conn, Request& req, Endpoint endp
     conn->stream.expires_never();
     co_return false;
   }
+  if (pr.parse_output) parse_choices(pr, cs);
   co_return co_await send_whole(conn, req, endpoint, meta, pr, cs, std::move(held), early_head);
 }
 

@@ -64,7 +64,20 @@ struct ChoiceState {
   Usage usage;
   bool first_chunk = true, finished = false;
   int64_t text_offset = 0;
+  // Chat output parsing (ParsedRequest::parse_output), streamed: the text
+  // is split into reasoning, content and tool calls as it comes.
+  std::optional<ChatOutputStream> parser;
+  bool any_tool_call = false;
 };
+
+// Chat output parsing (output_serving.cpp): one batch's SSE events of a
+// choice whose text is split into reasoning, content and tool calls as it
+// streams (the finish becomes "tool_calls" when there were any), and the
+// same for whole answers once every choice finished.
+std::string parsed_sse_events(const ResponseMeta& meta, const ParsedRequest& pr, int32_t i,
+                              ChoiceState& c, const std::string& delta,
+                              const std::vector<TokenLogprobText>& delta_lps);
+void parse_choices(const ParsedRequest& pr, std::vector<ChoiceState>& cs);
 
 // A request between the engine thread and its connection.
 struct Generation {
@@ -156,6 +169,10 @@ class Server {
   Prepared prepare(Endpoint endpoint, std::string body) const;
   std::optional<ApiError> check_prompt(Endpoint endpoint, ParsedRequest& pr,
                                        std::vector<int32_t>& ids) const;
+  // Output parsing and the compiled constraint of a rendered request.
+  std::optional<ApiError> setup_output(ParsedRequest& pr) const;
+  Result<std::shared_ptr<grammar::CompiledConstraint>> compiled_constraint(
+      const grammar::OutputSpec& spec) const;
   std::optional<ApiError> admit(const Prepared& p, Reservation& held);
   int64_t held_bytes(const Prepared& p) const;
   awaitable<bool> run_generation(ConnPtr conn, Request& req, Endpoint endpoint, Prepared p,
@@ -256,6 +273,13 @@ class Server {
   bool drain_cancelled_ = false;
   int rc_ = 0;
   std::mt19937_64 rng_{std::random_device{}()};
+  // Compiled output constraints by OutputSpec::cache_key (worker threads),
+  // over one vocabulary index built on first use.
+  mutable std::mutex constraints_mu_;
+  mutable std::shared_ptr<const grammar::VocabIndex> vocab_index_;
+  mutable std::deque<std::pair<std::string, std::shared_ptr<grammar::CompiledConstraint>>>
+      constraints_;
+  static constexpr size_t kMaxCachedConstraints = 64;
   asio::io_context io_{1};
   asio::thread_pool workers_;
   tcp::acceptor acceptor_;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <set>
 
+#include "server/openai_chat.h"
+
 namespace kvant::server {
 namespace {
 
@@ -119,73 +121,6 @@ struct Reader {
     return b;
   }
 };
-
-// Chat content: a string, or a list of {"type": "text", "text": ...} parts.
-std::optional<ApiError> message_content(const json& c, size_t i, std::string& out) {
-  const std::string param = "messages[" + std::to_string(i) + "].content";
-  if (c.is_string()) {
-    out = c.get<std::string>();
-    return std::nullopt;
-  }
-  if (c.is_array()) {
-    for (size_t k = 0; k < c.size(); ++k) {
-      const json& part = c[k];
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-          !part["text"].is_string())
-        return bad(param + "[" + std::to_string(k) +
-                       "] must be {\"type\": \"text\", \"text\": string}; other parts are not "
-                       "supported",
-                   param);
-      out += part["text"].get<std::string>();
-    }
-    return std::nullopt;
-  }
-  return bad("'" + param + "' must be a string or a list of text parts, got " + type_name(c),
-             param);
-}
-
-// Chat: 'messages', each an object with a known role and text content.
-std::optional<ApiError> read_messages(Reader& rd, ParsedRequest& r) {
-  const json* m = rd.field("messages");
-  if (!m) return bad("'messages' is required", "messages");
-  if (!m->is_array())
-    return bad(std::string("'messages' must be an array, got ") + type_name(*m), "messages");
-  if (m->empty()) return bad("'messages' must not be empty", "messages");
-  for (size_t i = 0; i < m->size(); ++i) {
-    const json& msg = (*m)[i];
-    const std::string p = "messages[" + std::to_string(i) + "]";
-    if (!msg.is_object()) return bad("'" + p + "' must be an object", p);
-    auto role = msg.find("role");
-    if (role == msg.end() || !role->is_string())
-      return bad("'" + p + ".role' is required and must be a string", p + ".role");
-    const std::string rs = role->get<std::string>();
-    if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer" && rs != "tool")
-      return bad("'" + p +
-                     ".role' must be system, developer, user, assistant or "
-                     "tool, got '" +
-                     rs + "'",
-                 p + ".role");
-    std::string content;
-    auto c = msg.find("content");
-    if (c == msg.end() || c->is_null()) {
-      if (rs != "assistant") return bad("'" + p + ".content' is required", p + ".content");
-    } else if (auto e = message_content(*c, i, content)) {
-      return *e;
-    }
-    // A message field this server does not read (tool calls, names,
-    // reasoning) is refused by name, as top-level fields are.
-    for (auto it = msg.begin(); it != msg.end(); ++it) {
-      if (it.key() == "role" || it.key() == "content" || it->is_null()) continue;
-      if (it.key() == "tool_calls" && it->is_array() && it->empty()) continue;
-      std::string what = "'" + p + "." + it.key() + "' is not supported by this server";
-      if (it.key() == "tool_calls" || it.key() == "tool_call_id" || it.key() == "function_call")
-        what += " (tool calling is not available yet)";
-      return bad(what, p + "." + it.key(), 400, "unsupported_parameter");
-    }
-    r.messages.emplace_back(rs == "developer" ? "system" : rs, std::move(content));
-  }
-  return std::nullopt;
-}
 
 // A prompt given as token ids: each an integer in int32's range.
 std::optional<ApiError> read_prompt_ids(const json& a, ParsedRequest& r) {
@@ -353,8 +288,11 @@ std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
   static const std::set<std::string, std::less<>> common = {
       "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k",
       "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stream",
-      "stream_options", "stop", "user", "ignore_eos", "logprobs", "logit_bias"};
-  static const std::set<std::string, std::less<>> chat_only = {"messages", "top_logprobs"};
+      "stream_options", "stop", "user", "ignore_eos", "logprobs", "logit_bias",
+      "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice"};
+  static const std::set<std::string, std::less<>> chat_only = {
+      "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+      "chat_template_kwargs"};
   static const std::set<std::string, std::less<>> completion_only = {
       "prompt", "echo", "prompt_logprobs_from", "return_tokens_as_token_ids", "suffix", "best_of"};
   const auto& own = endpoint == Endpoint::Chat ? chat_only : completion_only;
@@ -362,11 +300,8 @@ std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
     const std::string& k = it.key();
     if (common.count(k) || own.count(k) || it->is_null() || asks_for_nothing(k, *it)) continue;
     std::string what = "'" + k + "' is not supported by this server";
-    if (k == "tools" || k == "tool_choice" || k == "functions" || k == "function_call" ||
-        k == "parallel_tool_calls")
-      what += " (tool calling is not available yet)";
-    else if (k == "response_format")
-      what += " (structured output is not available yet; only {\"type\": \"text\"})";
+    if (k == "functions" || k == "function_call")
+      what += " (the deprecated function-calling fields; use 'tools' and 'tool_choice')";
     else if ((endpoint == Endpoint::Chat ? completion_only : chat_only).count(k))
       what += std::string(" on ") +
               (endpoint == Endpoint::Chat ? "/v1/chat/completions" : "/v1/completions");
@@ -406,11 +341,19 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
                               "model", 404, "model_not_found")};
   r.model = *model;
 
+  // Messages, tools and schemas keep their key order (templates print
+  // them; a schema's properties come out in the order it lists them).
+  nlohmann::ordered_json oj = nlohmann::ordered_json::parse(body, nullptr, false);
   if (endpoint == Endpoint::Chat) {
-    if (auto e = read_messages(rd, r)) return {std::nullopt, *e};
+    if (auto e = read_chat_messages(oj, r)) return {std::nullopt, *e};
+    if (auto e = read_tools(oj, r)) return {std::nullopt, *e};
   } else if (auto e = read_prompt(rd, r)) {
     return {std::nullopt, *e};
   }
+  if (auto e = read_output_format(oj, r)) return {std::nullopt, *e};
+  if (r.output && !r.chat.tools.is_null())
+    return {std::nullopt, bad("'" + r.output_param + "' cannot be combined with 'tools' (unless "
+                              "'tool_choice' is \"none\")", r.output_param)};
 
   constexpr int64_t kMaxTokens = int64_t(1) << 30;
   // 0 only with echo: the prompt is scored and nothing generated.
@@ -621,7 +564,16 @@ namespace {
 
 json choice_json(Endpoint endpoint, int32_t index, const ChoiceResult& c, bool with_logprobs) {
   json choice = {{"index", index}, {"finish_reason", c.finish}};
-  if (endpoint == Endpoint::Chat)
+  if (endpoint == Endpoint::Chat && c.parsed) {
+    json msg = {{"role", "assistant"}};
+    msg["content"] = c.text.empty() && !c.tool_calls.empty() ? json(nullptr) : json(c.text);
+    if (!c.reasoning.empty()) msg["reasoning_content"] = c.reasoning;
+    if (!c.tool_calls.empty()) {
+      msg["tool_calls"] = json::array();
+      for (const ToolCall& t : c.tool_calls) msg["tool_calls"].push_back(tool_call_json(t));
+    }
+    choice["message"] = std::move(msg);
+  } else if (endpoint == Endpoint::Chat)
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
   else
     choice["text"] = c.text;
@@ -650,8 +602,12 @@ nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const 
                              const std::vector<TokenLogprobText>* logprobs,
                              std::string_view finish_reason, std::string_view error,
                              const Usage& usage, std::string_view error_code) {
-  ChoiceResult c{text, logprobs ? *logprobs : std::vector<TokenLogprobText>{},
-                 std::string(finish_reason), std::string(error), std::string(error_code)};
+  ChoiceResult c;
+  c.text = text;
+  if (logprobs) c.logprobs = *logprobs;
+  c.finish = std::string(finish_reason);
+  c.error = std::string(error);
+  c.error_code = std::string(error_code);
   return full_response(endpoint, meta, std::span<const ChoiceResult>(&c, 1), logprobs != nullptr,
                        usage);
 }
@@ -666,12 +622,17 @@ nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool fi
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
                             std::string_view error, std::string_view error_code,
-                            int32_t index) {
+                            int32_t index, const ChatOutputDelta* parsed) {
   json choice = {{"index", index}};
   if (endpoint == Endpoint::Chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || first) delta["content"] = text;
+    if (parsed && !parsed->reasoning.empty()) delta["reasoning_content"] = parsed->reasoning;
+    if (parsed && !parsed->tool_calls.empty()) {
+      delta["tool_calls"] = json::array();
+      for (const auto& [i, t] : parsed->tool_calls) delta["tool_calls"].push_back(tool_call_json(t, i));
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
@@ -687,6 +648,15 @@ nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool fi
           {"created", meta.created},
           {"model", meta.model},
           {"choices", json::array({choice})}};
+}
+
+nlohmann::json tool_call_json(const ToolCall& c, int index) {
+  json out = json::object();
+  if (index >= 0) out["index"] = index;
+  out["id"] = c.id;
+  out["type"] = "function";
+  out["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+  return out;
 }
 
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage) {

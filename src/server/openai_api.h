@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "grammar/output_grammar.h"
 #include "server/server.h"
 
 namespace kvant::server {
@@ -41,7 +42,25 @@ enum class Endpoint { Chat, Completion };
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Chat;
   std::string model;
-  ChatMessages messages;            // chat
+  ChatInput chat;                   // chat: messages, tools, template switches
+  int64_t chat_bytes = 0;           // the conversation's size, for the prompt size cap
+  // Tool calling (chat): tool_choice "auto" (the model decides; its calls
+  // are parsed), "none" (tools are not shown and nothing is parsed),
+  // "required" (at least one call, enforced) or a named function (enforced).
+  enum class ToolChoice { Auto, None, Required, Function };
+  ToolChoice tool_choice = ToolChoice::Auto;
+  std::string tool_function;        // ToolChoice::Function
+  bool parallel_tool_calls = true;  // false: at most one call
+  // Structured output: what the output must be (response_format, or the
+  // structured_outputs / guided_* extensions); unset: free text. Tool-call
+  // constraints are added once the prompt is rendered.
+  std::optional<grammar::OutputSpec> output;
+  std::string output_param;         // the field it came from, for errors
+  // Filled in when the request is prepared: the compiled constraint every
+  // choice starts its own copy of, and how its output is parsed.
+  std::shared_ptr<grammar::CompiledConstraint> constraint;
+  bool parse_output = false;        // chat: split reasoning / tool calls out of the text
+  ChatOutputOptions output_options;
   std::string prompt;               // completions, text prompt
   std::vector<int32_t> prompt_ids;  // completions, a prompt given as token ids
   bool prompt_is_ids = false;
@@ -125,6 +144,11 @@ struct ChoiceResult {
   std::string text;
   std::vector<TokenLogprobText> logprobs;
   std::string finish, error, error_code;
+  // Chat output that was parsed (ParsedRequest::parse_output): `text` is
+  // then the content, beside the reasoning and the tool calls.
+  bool parsed = false;
+  std::string reasoning;
+  std::vector<ToolCall> tool_calls;
 };
 // A whole (non-streamed) response with these choices (index = position).
 nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta,
@@ -138,11 +162,16 @@ nlohmann::json full_response(Endpoint endpoint, const ResponseMeta& meta, const 
                              const Usage& usage, std::string_view error_code = "");
 // One stream chunk: a text delta (first: with the assistant role), and/or a
 // finish; `logprobs` may be null.
+// `parsed` (chat output parsing): the delta's reasoning and tool calls,
+// with `text` its content.
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseMeta& meta, bool first,
                             const std::string& text, const std::vector<TokenLogprobText>* logprobs,
                             int64_t text_offset, std::string_view finish_reason,
                             std::string_view error, std::string_view error_code = "",
-                            int32_t index = 0);
+                            int32_t index = 0, const ChatOutputDelta* parsed = nullptr);
+// An OpenAI tool call object: {"id", "type": "function", "function": {"name", "arguments"}}
+// (streamed: with its "index" first).
+nlohmann::json tool_call_json(const ToolCall& c, int index = -1);
 // The last chunk when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseMeta& meta, const Usage& usage);
 

@@ -81,15 +81,15 @@ std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const Parsed
                        int32_t index, bool first_chunk, const std::string& delta,
                        const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
                        bool finished, const std::string& finish, const std::string& error,
-                       const std::string& error_code) {
+                       const std::string& error_code, const ChatOutputDelta* parsed) {
   std::string out;
   // The finish goes in a chunk of its own after the last text, the way
   // OpenAI's stream ends.
-  if (!delta.empty() || !delta_lps.empty() || first_chunk)
+  if (!delta.empty() || !delta_lps.empty() || first_chunk || (parsed && !parsed->empty()))
     out += "data: " +
            dump_json(stream_chunk(endpoint, meta, first_chunk, delta,
                                   pr.logprobs ? &delta_lps : nullptr, text_offset, "", "", "",
-                                  index)) +
+                                  index, parsed)) +
            "\n\n";
   text_offset += int64_t(delta.size());
   if (finished)
@@ -118,6 +118,7 @@ const char* client_error_code(ErrorCode code) {
   switch (code) {
     case ErrorCode::kKvIntegrity: return "kv_integrity_error";
     case ErrorCode::kEngine: return "engine_error";
+    case ErrorCode::kConstraint: return "constraint_error";
     case ErrorCode::kNone: break;
   }
   return "";

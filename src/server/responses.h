@@ -36,11 +36,13 @@ std::vector<TokenLogprobText> echo_logprobs(const Tokenizer& tok, bool as_ids,
 kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids);
 // One batch's SSE events of choice `index`; advances `text_offset` past
 // the delta. `finished`: this choice's finish chunk follows its text.
+// `parsed` (chat output parsing): the delta's reasoning and tool calls,
+// `delta` being its content.
 std::string sse_events(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,
                        int32_t index, bool first_chunk, const std::string& delta,
                        const std::vector<TokenLogprobText>& delta_lps, int64_t& text_offset,
                        bool finished, const std::string& finish, const std::string& error,
-                       const std::string& error_code);
+                       const std::string& error_code, const ChatOutputDelta* parsed = nullptr);
 // The stream's end once every choice finished: the usage chunk when
 // stream_options.include_usage asks for it, then [DONE].
 std::string sse_tail(Endpoint endpoint, const ResponseMeta& meta, const ParsedRequest& pr,

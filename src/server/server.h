@@ -18,15 +18,31 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "disagg/kv_transport.h"
 #include "engine/engine.h"
+#include "tokenizer/chat_output.h"
 
 namespace kvant::server {
 
-// (role, content) pairs in order.
-using ChatMessages = std::vector<std::pair<std::string, std::string>>;
+// A conversation as the chat template sees it: OpenAI message objects
+// (role, content as text, tool_calls with their arguments as objects,
+// tool_call_id, name, reasoning_content), the request's tools (null: none)
+// and the template switches it passed (chat_template_kwargs, such as
+// enable_thinking). Keys keep the client's order.
+struct ChatInput {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+};
+struct RenderedChat {
+  std::vector<int32_t> ids;
+  // The prompt ends inside an open <think>: the output begins in reasoning.
+  bool starts_in_reasoning = false;
+};
 // Renders and tokenizes a conversation with the generation prompt appended.
-using ChatRenderer = std::function<Result<std::vector<int32_t>>(const ChatMessages&)>;
+using ChatRenderer = std::function<Result<RenderedChat>(const ChatInput&)>;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -55,6 +71,12 @@ struct ServerOptions {
   std::vector<std::string> allowed_hosts, allowed_origins;
   double shutdown_grace_seconds = 30;  // in-flight requests get this long after SIGTERM
   ChatRenderer render_chat;            // required for /v1/chat/completions
+  // How the model writes tool calls and reasoning (tokenizer/chat_output.h):
+  // what its output is parsed with, and the layout a forced tool call
+  // (tool_choice "required" or a named function) is constrained to. With
+  // ToolFormat::None, requests with tools are refused.
+  ToolFormat tool_format = ToolFormat::None;
+  ReasoningFormat reasoning_format = ReasoningFormat::None;
   // Disaggregated prefill and decode (README: Disaggregated serving).
   // "" (colocated), "prefill" or "decode".
   std::string role;

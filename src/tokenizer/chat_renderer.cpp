@@ -32,6 +32,7 @@ Result<ChatRenderer> ChatRenderer::create(const std::string& choice,
     auto t = JinjaChatTemplate::parse(*text);
     if (!t) return make_error(choice + ": " + t.error().message);
     r.jinja_ = std::move(*t);
+    r.text_ = std::move(*text);
     r.what_ = "the Jinja template " + choice;
     return r;
   }
@@ -46,6 +47,7 @@ Result<ChatRenderer> ChatRenderer::create(const std::string& choice,
     auto t = JinjaChatTemplate::parse(model_template);
     if (t) {
       r.jinja_ = std::move(*t);
+      r.text_ = std::string(model_template);
       r.what_ = "the model's own chat template";
       return r;
     }
@@ -72,6 +74,28 @@ Result<std::string> ChatRenderer::render(std::span<const ChatMessage> messages,
   if (messages.empty()) return make_error("the conversation is empty");
   if (jinja_) return jinja_->render(messages, add_generation_prompt, bos_, eos_);
   return render_chat(format_, messages, add_generation_prompt, bos_);
+}
+
+Result<std::string> ChatRenderer::render(const JinjaChatInput& input) const {
+  if (jinja_) {
+    JinjaChatInput in = input;
+    if (!in.variables.contains("bos_token")) in.variables["bos_token"] = bos_;
+    if (!in.variables.contains("eos_token")) in.variables["eos_token"] = eos_;
+    return jinja_->render(in);
+  }
+  if (!input.tools.is_null())
+    return make_error(what_ + " has no tool support; serve with a chat template that has (--chat-template FILE.jinja)");
+  if (!input.variables.empty())
+    return make_error(what_ + " takes no template switches (chat_template_kwargs)");
+  std::vector<ChatMessage> msgs;
+  for (const auto& m : input.messages) {
+    const std::string role = m.value("role", "");
+    if (m.contains("tool_calls") || role == "tool")
+      return make_error(what_ + " cannot render tool calls or tool results; serve with a chat template that can (--chat-template FILE.jinja)");
+    const auto& c = m.value("content", nlohmann::ordered_json());
+    msgs.push_back({role, c.is_string() ? c.get<std::string>() : std::string()});
+  }
+  return render(msgs, input.add_generation_prompt);
 }
 
 }  // namespace kvant

@@ -116,13 +116,21 @@ class ChatRenderer {
                                      std::string eos_text);
   Result<std::string> render(std::span<const ChatMessage> messages,
                              bool add_generation_prompt) const;
+  // A whole request: messages with tool calls and tool results, tools and
+  // template switches (bos_token / eos_token are added unless given). A
+  // built-in format renders plain role/content conversations only; tools,
+  // tool calls and switches there are an error naming them.
+  Result<std::string> render(const JinjaChatInput& input) const;
   // What renders, for logs: "the model's own chat template", ...
   const std::string& description() const { return what_; }
+  // The Jinja template's text ("" for a built-in format): what tool-call
+  // and reasoning formats are detected from.
+  const std::string& template_text() const { return text_; }
 
  private:
   std::optional<JinjaChatTemplate> jinja_;
   ChatFormat format_ = ChatFormat::Chatml;
-  std::string bos_, eos_, what_;
+  std::string bos_, eos_, what_, text_;
 };
 
 }  // namespace kvant

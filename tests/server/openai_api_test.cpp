@@ -51,8 +51,8 @@ TEST(OpenAiApi, ChatDefaultsAndFields) {
   EXPECT_TRUE(p.logprobs);
   EXPECT_EQ(p.sampling.top_logprobs, 3);
   EXPECT_TRUE(p.stream && p.include_usage);
-  ASSERT_EQ(p.messages.size(), 1u);
-  EXPECT_EQ(p.messages[0].first, "user");
+  ASSERT_EQ(p.chat.messages.size(), 1u);
+  EXPECT_EQ(p.chat.messages[0]["role"], "user");
   auto d = chat(json::object());
   ASSERT_TRUE(d.request);
   EXPECT_FLOAT_EQ(d.request->sampling.temperature, 1.f);  // OpenAI's default
@@ -134,9 +134,11 @@ TEST(OpenAiApi, ErrorsNameTheField) {
 
 TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
   const std::pair<json, const char*> refused[] = {
-      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}, "tools"},
-      {{{"tool_choice", "required"}}, "tool_choice"},
-      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"examples", 1}}}}}}},
+       "tools[0].function.examples"},
+      {{{"response_format", {{"type", "json_object"}, {"strict", true}}}}, "response_format.strict"},
+      {{{"structured_outputs", {{"grammar", "root ::= x"}}}}, "structured_outputs.grammar"},
+      {{{"functions", json::array({{{"name", "f"}}})}}, "functions"},
       {{{"logit_bias", {{"abc", 5}}}}, "logit_bias"},
       {{{"logit_bias", {{"-3", 5}}}}, "logit_bias"},
       {{{"logit_bias", {{"50", 101}}}}, "logit_bias"},
@@ -146,13 +148,11 @@ TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
       {{{"some_field", 1}}, "some_field"},
       {{{"store", true}}, "store"},
       {{{"echo", true}}, "echo"},  // a completions field on chat
-      {{{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", "bob"}}}}},
-       "messages[0].name"},
+      {{{"messages", {{{"role", "user"}, {"content", "hi"}, {"audio", {{"id", "a"}}}}}}},
+       "messages[0].audio"},
       {{{"messages",
-         {{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {{{"id", "c1"}}}}}}}},
-       "messages[0].tool_calls"},
-      {{{"messages", {{{"role", "tool"}, {"content", "4"}, {"tool_call_id", "c1"}}}}},
-       "messages[0].tool_call_id"},
+         {{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {{{"id", "c1"}, {"extra", 1}}}}}}}},
+       "messages[0].tool_calls[0].extra"},
       {{{"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}},
        "stream_options.continuous_usage_stats"},
   };
@@ -161,12 +161,14 @@ TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
     ASSERT_FALSE(r.request) << name;
     EXPECT_EQ(r.error.status, 400) << name;
     EXPECT_EQ(r.error.param, name);
-    if (std::string(name) != "logit_bias") {
+    if (std::string(name) != "logit_bias" && std::string(name) != "response_format") {
       EXPECT_EQ(r.error.code, "unsupported_parameter");
     }
     EXPECT_NE(r.error.message.find(name), std::string::npos) << r.error.message;
   }
   EXPECT_EQ(comp({{"top_logprobs", 2}}).error.param, "top_logprobs");  // a chat field
+  EXPECT_EQ(comp({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}).error.param,
+            "tools");  // tools are for chat
   // Values that ask for nothing, and nulls, are accepted.
   const json accepted[] = {{{"tools", json::array()}},
                            {{"tool_choice", "none"}},
@@ -237,7 +239,11 @@ TEST(OpenAiApi, ResponsesAndChunks) {
   auto c = stream_chunk(Endpoint::Completion, meta, false, "xy", &lps, 7, "", "");
   EXPECT_EQ(c["choices"][0]["logprobs"]["text_offset"][0], 7);
   EXPECT_EQ(usage_chunk(Endpoint::Chat, meta, u)["choices"].size(), 0u);
-  const ChoiceResult two[] = {{"a", {}, "stop", "", ""}, {"b", {}, "length", "", ""}};
+  ChoiceResult two[2];
+  two[0].text = "a";
+  two[0].finish = "stop";
+  two[1].text = "b";
+  two[1].finish = "length";
   auto many = full_response(Endpoint::Completion, meta, two, false, u);
   ASSERT_EQ(many["choices"].size(), 2u);
   EXPECT_EQ(many["choices"][1]["index"], 1);
@@ -295,6 +301,73 @@ TEST(OpenAiApi, OverflowsAndOddTypesAreClientErrors) {
       EXPECT_EQ(out.error.status, 400) << b;
       EXPECT_FALSE(out.error.message.empty()) << b;
     }
+}
+
+TEST(OpenAiApi, ToolsMessagesAndStructuredOutput) {
+  const char* body = R"({"model": "m", "messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "reasoning_content": "think",
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"c\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "21"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "parallel_tool_calls": false, "chat_template_kwargs": {"enable_thinking": false}})";
+  auto r = parse_request(Endpoint::Chat, body, kModel);
+  ASSERT_TRUE(r.request) << r.error.message;
+  const ParsedRequest& p = *r.request;
+  EXPECT_EQ(p.tool_choice, ParsedRequest::ToolChoice::Function);
+  EXPECT_EQ(p.tool_function, "get_weather");
+  EXPECT_FALSE(p.parallel_tool_calls);
+  ASSERT_TRUE(p.chat.tools.is_array());
+  EXPECT_EQ(p.chat.kwargs["enable_thinking"], false);
+  ASSERT_EQ(p.chat.messages.size(), 3u);
+  const auto& call = p.chat.messages[1]["tool_calls"][0];
+  // Arguments become an object, keys in the client's order, for the template.
+  EXPECT_EQ(call["function"]["arguments"].dump(), R"({"city":"Paris","unit":"c"})");
+  EXPECT_EQ(p.chat.messages[1]["reasoning_content"], "think");
+  EXPECT_EQ(p.chat.messages[2]["tool_call_id"], "c1");
+
+  auto none = chat({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", "none"}});
+  ASSERT_TRUE(none.request);
+  EXPECT_TRUE(none.request->chat.tools.is_null()) << "tool_choice none hides the tools";
+
+  auto rf = parse_request(Endpoint::Chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+        "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}})",
+                          kModel);
+  ASSERT_TRUE(rf.request) << rf.error.message;
+  ASSERT_TRUE(rf.request->output);
+  EXPECT_EQ(rf.request->output->kind, grammar::OutputSpec::Kind::JsonSchema);
+  EXPECT_EQ(rf.request->output->schema["properties"].begin().key(), "b") << "schema key order kept";
+  auto choice = comp({{"guided_choice", {"yes", "no"}}});
+  ASSERT_TRUE(choice.request) << choice.error.message;
+  EXPECT_EQ(choice.request->output->choices.size(), 2u);
+
+  const std::pair<json, const char*> errors[] = {
+      {{{"tool_choice", "required"}}, "tool_choice"},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+       "tool_choice"},
+      {{{"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}}, "tools[0].function.name"},
+      {{{"tools", {{{"type", "code_interpreter"}}}}}, "tools[0].type"},
+      {{{"messages", {{{"role", "assistant"}, {"tool_calls", {{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{not json"}}}}}}}}}},
+       "messages[0].tool_calls[0].function.arguments"},
+      {{{"messages", {{{"role", "user"}, {"content", "x"}, {"tool_call_id", "c"}}}}}, "messages[0].tool_call_id"},
+      {{{"response_format", {{"type", "json_schema"}}}}, "response_format.json_schema"},
+      {{{"response_format", {{"type", "xml"}}}}, "response_format.type"},
+      {{{"response_format", {{"type", "json_object"}}}, {"guided_regex", "a+"}}, "response_format"},
+      {{{"response_format", {{"type", "json_object"}}}, {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}},
+       "response_format"},
+      {{{"guided_choice", json::array()}}, "guided_choice"},
+      {{{"chat_template_kwargs", {{"messages", 1}}}}, "chat_template_kwargs.messages"},
+  };
+  for (const auto& [extra, name] : errors) {
+    auto e = chat(extra);
+    ASSERT_FALSE(e.request) << name;
+    EXPECT_EQ(e.error.status, 400) << name;
+    EXPECT_EQ(e.error.param, name) << e.error.message;
+  }
 }
 
 }  // namespace

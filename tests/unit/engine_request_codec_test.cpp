@@ -67,8 +67,9 @@ void compare(const StopParams& a, const StopParams& b, Diff& d) {
 
 Diff compare(const Request& a, const Request& b) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, handoff, on_event] = a;
+               prompt_only, handoff, constraint, on_event] = a;
   (void)on_event;  // not carried: checked apart
+  (void)constraint;  // not carried: distributed engines refuse constrained requests
   Diff d;
   d.field("prompt", prompt == b.prompt);
   compare(sampling, b.sampling, d);
