@@ -57,6 +57,11 @@ std::string magnitude(int64_t v) {
 }  // namespace
 
 Expr integer_range_expr(const int64_t* lo, const int64_t* hi) {
+  // An open end stops at 18 digits: every value fits 64 bits, and a model
+  // cannot write digits forever.
+  static const int64_t kMin = -kMaxJsonInteger, kMax = kMaxJsonInteger;
+  if (lo == nullptr) lo = &kMin;
+  if (hi == nullptr) hi = &kMax;
   std::vector<Expr> alts;
   if (lo == nullptr || *lo < 0) {
     // Negative values -m for m in [|min(hi, -1)|, |lo|].

@@ -110,10 +110,11 @@ class Compiler {
       e.add('E');
       ByteSet sign = ByteSet::of('+');
       sign.add('-');
-      Expr digits = Expr::plus(Expr::byte_range('0', '9'));
-      (void)g_.define(number_, Expr::seq({integer(), Expr::opt(Expr::seq({Expr::lit("."), digits})),
+      const Expr fraction = Expr::repeat(Expr::byte_range('0', '9'), 1, 16);
+      const Expr exponent = Expr::repeat(Expr::byte_range('0', '9'), 1, 3);
+      (void)g_.define(number_, Expr::seq({integer(), Expr::opt(Expr::seq({Expr::lit("."), fraction})),
                                           Expr::opt(Expr::seq({Expr::bytes(e), Expr::opt(Expr::bytes(sign)),
-                                                               digits}))}));
+                                                               exponent}))}));
     }
     return Expr::rule(number_);
   }
@@ -336,7 +337,7 @@ class Compiler {
     }
     std::vector<Expr> alts;
     if (auto ints = integer_expr(s, path)) alts.push_back(std::move(*ints));  // none: no integer in range
-    const Expr frac = Expr::seq({Expr::lit("."), Expr::plus(Expr::byte_range('0', '9'))});
+    const Expr frac = Expr::seq({Expr::lit("."), Expr::repeat(Expr::byte_range('0', '9'), 1, 16)});
     // Non-negative integer part a: the value lies in [a, a + 1).
     int64_t a = 0;
     if (lo) a = std::max<int64_t>(0, lo_x ? int64_t(std::floor(*lo)) + 1 : int64_t(std::ceil(*lo)));

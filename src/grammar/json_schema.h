@@ -17,8 +17,10 @@
 // "properties" lists them; an object that lists properties takes no others
 // unless additionalProperties says so (OpenAI's strict mode has it false
 // anyway; `spec_defaults` restores the specification's "allowed"); an
-// integer is written without a fraction; whitespace between tokens is at
-// most `max_whitespace` bytes; and with `spec_defaults` off a schema
+// integer is written without a fraction and with at most 18 digits, a
+// fraction with at most 16 and an exponent with at most 3 (so values fit
+// 64-bit integers and doubles, and a model cannot write digits forever);
+// whitespace between tokens is at most `max_whitespace` bytes; and with `spec_defaults` off a schema
 // without "type" takes the type its keywords imply (properties: object).
 #pragma once
 
@@ -43,7 +45,9 @@ Result<int32_t> compile_json_schema(const nlohmann::ordered_json& schema, Gramma
 // The rule of any JSON object (response_format json_object).
 Result<int32_t> json_object_rule(Grammar& g, const JsonSchemaOptions& o = JsonSchemaOptions());
 
-// The spelling of integers in [lo, hi] (lo/hi absent: unbounded).
+// The spelling of integers in [lo, hi]; an absent bound is
+// -/+kMaxJsonInteger (18 digits).
+inline constexpr int64_t kMaxJsonInteger = 999999999999999999LL;
 Expr integer_range_expr(const int64_t* lo, const int64_t* hi);
 
 }  // namespace kvant::grammar

@@ -109,8 +109,16 @@ class Builder {
     if (params.contains("properties") && params["properties"].is_object()) {
       for (const auto& [k, ps] : params["properties"].items()) {
         Expr value;
-        if (ps.is_object() && ps.value("type", ojson()) == "string" && !ps.contains("enum")) {
-          value = Expr::star(charset_expr(CharSet::of('<').complement(), TextMode::Raw).value());
+        if (ps.is_object() && ps.value("type", ojson()) == "string") {
+          // Raw text: the listed values as written, else text without '<'.
+          std::vector<Expr> listed;
+          if (ps.contains("enum") && ps["enum"].is_array())
+            for (const auto& v : ps["enum"])
+              if (v.is_string() && v.get<std::string>().find('<') == std::string::npos)
+                listed.push_back(Expr::lit(v.get<std::string>()));
+          value = !listed.empty()
+                      ? Expr::alt(std::move(listed))
+                      : Expr::star(charset_expr(CharSet::of('<').complement(), TextMode::Raw).value());
         } else {
           JsonSchemaOptions jo;
           jo.lenient = true;

@@ -228,6 +228,11 @@ TEST(GrammarIntegers, RangesExhaustively) {
   EXPECT_TRUE(big("8999999999999999999"));
   EXPECT_FALSE(big("9000000000000000001"));
   EXPECT_TRUE(big("-9000000000000000000"));
+  // Open ends stop at 18 digits.
+  auto open = from_expr(integer_range_expr(nullptr, nullptr));
+  EXPECT_TRUE(open("999999999999999999"));
+  EXPECT_TRUE(open("-999999999999999999"));
+  EXPECT_FALSE(open("1000000000000000000"));
 }
 
 TEST(GrammarJsonSchema, ObjectsInDeclaredOrder) {
