@@ -136,6 +136,7 @@ int run_serve(const ServeOpts& o) {
       server::RenderedChat out;
       out.ids = tok.encode(*text, /*add_bos=*/false, /*parse_special=*/true);
       out.starts_in_reasoning = prompt_opens_reasoning(*text);
+      out.reasoning_done = prompt_closes_reasoning(*text);
       return out;
     };
     // How the model writes tool calls and reasoning: named, or read from

@@ -166,7 +166,7 @@ class Builder {
         auto a = arguments(fn);
         if (!a) return a.error();
         return Expr::seq({marker("<|tool_call_begin|>"), Expr::lit("functions." + name + ":"),
-                          Expr::plus(Expr::byte_range('0', '9')), marker("<|tool_call_argument_begin|>"),
+                          Expr::repeat(Expr::byte_range('0', '9'), 1, 4), marker("<|tool_call_argument_begin|>"),
                           std::move(*a), marker("<|tool_call_end|>")});
       }
       case ToolFormat::Glm45: {

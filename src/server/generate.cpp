@@ -93,6 +93,7 @@ std::optional<ApiError> Server::check_prompt(Endpoint endpoint, ParsedRequest& p
     if (!r) return api_error(400, r.error().message, "invalid_request_error");
     ids = std::move(r->ids);
     pr.output_options.starts_in_reasoning = r->starts_in_reasoning;
+    pr.reasoning_done = r->reasoning_done;
   } else if (pr.prompt_is_ids) {
     ids = std::move(pr.prompt_ids);
     for (int32_t t : ids)

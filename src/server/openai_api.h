@@ -60,6 +60,7 @@ struct ParsedRequest {
   // choice starts its own copy of, and how its output is parsed.
   std::shared_ptr<grammar::CompiledConstraint> constraint;
   bool parse_output = false;        // chat: split reasoning / tool calls out of the text
+  bool reasoning_done = false;      // the prompt closed reasoning: no thinking first
   ChatOutputOptions output_options;
   std::string prompt;               // completions, text prompt
   std::vector<int32_t> prompt_ids;  // completions, a prompt given as token ids

@@ -110,7 +110,9 @@ std::optional<ApiError> read_message(const ojson& msg, size_t i, ojson& out) {
   const bool has_calls = msg.contains("tool_calls") && msg["tool_calls"].is_array() && !msg["tool_calls"].empty();
   if (c == msg.end() || c->is_null()) {
     if (rs != "assistant") return bad("'" + p + ".content' is required", p + ".content");
-    out["content"] = nullptr;
+    // An assistant turn that only calls tools: templates read its content
+    // as a string (Qwen3's tests it for </think>), so it is "".
+    out["content"] = "";
   } else {
     std::string text;
     if (auto e = content_text(*c, p + ".content", text)) return e;

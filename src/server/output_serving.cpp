@@ -40,7 +40,9 @@ std::optional<ApiError> Server::setup_output(ParsedRequest& pr) const {
     return std::nullopt;
   }
   if (chat) {
-    spec.reasoning = opt_.reasoning_format;
+    // Reasoning may come before the constrained part unless the prompt
+    // already closed it.
+    spec.reasoning = pr.reasoning_done ? ReasoningFormat::None : opt_.reasoning_format;
     spec.starts_in_reasoning = pr.output_options.starts_in_reasoning;
   }
   auto c = compiled_constraint(spec);

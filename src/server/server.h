@@ -40,6 +40,8 @@ struct RenderedChat {
   std::vector<int32_t> ids;
   // The prompt ends inside an open <think>: the output begins in reasoning.
   bool starts_in_reasoning = false;
+  // The prompt ends with a closed </think>: thinking is off for this answer.
+  bool reasoning_done = false;
 };
 // Renders and tokenizes a conversation with the generation prompt appended.
 using ChatRenderer = std::function<Result<RenderedChat>(const ChatInput&)>;

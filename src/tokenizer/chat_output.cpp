@@ -456,6 +456,10 @@ bool prompt_opens_reasoning(std::string_view rendered_prompt) {
   return trim(rendered_prompt).ends_with(kThinkOpen);
 }
 
+bool prompt_closes_reasoning(std::string_view rendered_prompt) {
+  return trim(rendered_prompt).ends_with(kThinkClose);
+}
+
 void ChatOutputStream::TrimmedSink::put(std::string_view text, std::string& out) {
   if (!started) {
     text.remove_prefix(skip_space(text, 0));

@@ -61,6 +61,10 @@ ReasoningFormat detect_reasoning_format(std::string_view chat_template);
 // whitespace aside), so the model's output begins in its reasoning: the
 // value for ChatOutputOptions::starts_in_reasoning.
 bool prompt_opens_reasoning(std::string_view rendered_prompt);
+// Whether a rendered prompt ends with a closed </think> (the template turned
+// thinking off, as Qwen3's enable_thinking=false does with an empty block):
+// the output is the answer, without reasoning.
+bool prompt_closes_reasoning(std::string_view rendered_prompt);
 
 struct ToolCall {
   std::string id;
