@@ -86,6 +86,8 @@ std::string parsed_sse_events(const ResponseMeta& meta, const ParsedRequest& pr,
     d.content += rest.content;
     for (auto& t : rest.tool_calls) d.tool_calls.push_back(std::move(t));
   }
+  // parallel_tool_calls false: the first call only.
+  if (!pr.parallel_tool_calls) std::erase_if(d.tool_calls, [](const auto& t) { return t.first > 0; });
   c.any_tool_call |= !d.tool_calls.empty();
   if (c.finished && c.any_tool_call && c.out.finish == "stop") c.out.finish = "tool_calls";
   std::string out;
@@ -103,6 +105,7 @@ void parse_choices(const ParsedRequest& pr, std::vector<ChoiceState>& cs) {
     c.out.text = std::move(o.content);
     c.out.reasoning = std::move(o.reasoning);
     c.out.tool_calls = std::move(o.tool_calls);
+    if (!pr.parallel_tool_calls && c.out.tool_calls.size() > 1) c.out.tool_calls.resize(1);
     if (!c.out.tool_calls.empty() && c.out.finish == "stop") c.out.finish = "tool_calls";
   }
 }
