@@ -116,9 +116,11 @@ std::optional<ApiError> Server::disagg_peer(const Request& req, const Prepared& 
                          "' is not one of this server's --prefill-peer addresses",
                      "invalid_request_error");
   // What a handoff cannot carry runs here instead: a request that ends with
-  // its first token or before (max_tokens 0 or 1) and the prompt's own
-  // log-probabilities (echo with logprobs).
-  if (p.pr.prompt_only || p.pr.max_tokens == 1 || (p.pr.echo && p.pr.logprobs)) return std::nullopt;
+  // its first token or before (max_tokens 0 or 1), the prompt's own
+  // log-probabilities (echo with logprobs), and an output constraint (the
+  // prefill side would draw the first token without it).
+  if (p.pr.prompt_only || p.pr.max_tokens == 1 || (p.pr.echo && p.pr.logprobs) || p.pr.constraint)
+    return std::nullopt;
   peer = named;
   return std::nullopt;
 }
