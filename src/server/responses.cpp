@@ -1,6 +1,8 @@
 // Socket-free response pieces of the server (see responses.h).
 #include "server/responses.h"
 
+#include <cmath>
+
 namespace kvant::server {
 
 Headers header(std::string name, std::string value) {
@@ -38,8 +40,9 @@ TokenLogprobText token_logprob_text(const Tokenizer& tok, bool as_ids, const Ste
   TokenLogprobText t;
   t.token = token_text(tok, as_ids, s.chosen.token);
   t.logprob = s.chosen.logprob;
+  // Alternatives a constraint ruled out (logprob -inf) are not alternatives.
   for (const auto& a : s.top_tokens())
-    t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
+    if (std::isfinite(a.logprob)) t.top.emplace_back(token_text(tok, as_ids, a.token), a.logprob);
   return t;
 }
 

@@ -188,6 +188,12 @@ def test_json_object_regex_and_choice(default_client):
         model=MODEL_ID, prompt="The capital of France is", max_tokens=10,
         extra_body={"structured_outputs": {"choice": ["Paris", "London", "Berlin"]}})
     assert r.choices[0].text in ("Paris", "London", "Berlin")
+    # Logprobs under a constraint: alternatives it ruled out are not listed.
+    r = default_client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                          max_tokens=10, logprobs=5,
+                                          extra_body={"guided_choice": ["Paris", "Rome"]})
+    for top in r.choices[0].logprobs.top_logprobs:
+        assert all(isinstance(v, float) for v in top.values()), top
 
 
 def test_schema_errors_name_the_field(default_client):
