@@ -35,7 +35,7 @@ namespace kvant::grammar {
 
 struct MatcherLimits {
   size_t max_nodes = 4u << 20;
-  size_t max_states = 1u << 16;
+  size_t max_states = 1u << 14;  // each keeps a 1 KiB transition row
 };
 
 class Matcher {

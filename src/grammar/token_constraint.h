@@ -97,7 +97,8 @@ class CompiledConstraint : public std::enable_shared_from_this<CompiledConstrain
   size_t mask_bytes_ = 0;
   int64_t hits_ = 0, misses_ = 0;
   std::vector<int32_t> walk_states_;
-  static constexpr size_t kMaxMaskBytes = size_t(256) << 20;
+  // Masks kept per grammar; beyond it they are forgotten and rebuilt.
+  static constexpr size_t kMaxMaskBytes = size_t(32) << 20;
 };
 
 }  // namespace kvant::grammar

@@ -279,7 +279,9 @@ class Server {
   mutable std::shared_ptr<const grammar::VocabIndex> vocab_index_;
   mutable std::deque<std::pair<std::string, std::shared_ptr<grammar::CompiledConstraint>>>
       constraints_;
-  static constexpr size_t kMaxCachedConstraints = 64;
+  // At most this many grammars (each up to 16 MiB of automaton and 32 MiB
+  // of masks) are kept.
+  static constexpr size_t kMaxCachedConstraints = 32;
   asio::io_context io_{1};
   asio::thread_pool workers_;
   tcp::acceptor acceptor_;
