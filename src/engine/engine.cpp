@@ -258,6 +258,9 @@ Result<void> Engine::check_request(Request& r) const {
     return make_error(
         "structured output and forced tool calls are not available with tensor or expert "
         "parallelism");
+  KV_TRY(check_speculative_params(r.speculative));
+  if (r.speculative.num_tokens > 0 && distributed())
+    return make_error("speculative decoding is not available with tensor or expert parallelism");
   for (const auto& [t, b] : r.sampling.logit_bias)
     if (t >= c.vocab)
       return make_error("logit_bias token id " + std::to_string(t) +
@@ -521,6 +524,17 @@ void Engine::Impl::build_batch(const StepPlan& plan, PagePool& pool) {
     for (size_t p = 0; p < e.pages.size(); ++p) ptrs[p] = pool.page_data(e.pages[p].page);
     spans[i] = KvSpan{&format, ptrs.data(), int64_t(ptrs.size())};
     batch.tokens.insert(batch.tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.draft > 0) {
+      // A drafted decode: every token is a one-token chunk of its own (a
+      // decode of its position, on the decode weights, attending from the
+      // pages), all of them writing their K/V before any attends.
+      for (int64_t t = 0; t < e.n_tokens; ++t) {
+        row0.push_back(batch.seqs.empty() ? 0 : row0.back() + batch.seqs.back().logit_count());
+        batch.seqs.push_back(SeqChunk{&spans[i], e.start + t, 1, false});
+        batch_index.push_back(i);
+      }
+      continue;
+    }
     SeqChunk chunk{&spans[i], e.start, e.n_tokens, false};
     Req* rq = by_seq[e.id];
     if (rq->request.prompt_logprobs >= 0 && !rq->plp_sent) {
@@ -563,13 +577,17 @@ void Engine::Impl::record_prompt_logprobs(const StepPlan& plan, int64_t vocab) {
 // be let go after the scheduler's commit.
 void Engine::sample_and_stream(const StepPlan& plan, int64_t vocab) {
   auto& I = *impl_;
-  auto& S = I.stats;
   I.to_finish.clear();
   for (size_t j = 0; j < I.batch_index.size(); ++j) {
     const size_t i = I.batch_index[j];
     const auto& e = plan.sequences[i];
     if (!e.samples) continue;
+    if (j > 0 && I.batch_index[j - 1] == i) continue;  // a drafted entry's later rows
     Req& r = *I.by_seq[e.id];
+    if (e.draft > 0) {
+      sample_drafted(r, e, i, size_t(I.row0[j]), vocab);
+      continue;
+    }
     const int64_t last_row = I.row0[j] + I.batch.seqs[j].logit_count() - 1;
     std::span<float> row(I.logits.data() + size_t(last_row) * size_t(vocab), size_t(vocab));
     if (r.request.prompt_only) {
@@ -582,26 +600,35 @@ void Engine::sample_and_stream(const StepPlan& plan, int64_t vocab) {
       I.to_finish.push_back(&r);
       continue;
     }
-    StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
-    if (r.request.constraint && !constrain(r, row, i, -1)) continue;
-    const int32_t tok = r.sampler.sample(row, lp);
-    r.sampler.accept(tok);
-    if (r.request.constraint && !constrain(r, row, i, tok)) continue;
-    if (r.request.handoff && !r.handoff_out) capture_handoff(r, tok, e.pages, lp);
-    I.sampled[i] = tok;
-    ++r.completion_tokens;
-    ++S.generated_tokens;
-    auto st = r.stop.step(tok);
-    if (st.finish != FinishReason::None) {
-      // The last token's event carries the finish; the scheduler lets the
-      // sequence go after commit.
-      r.done = true;
-      emit(r, tok, st.text, lp, st.finish, "");
-      I.to_finish.push_back(&r);
-    } else {
-      emit(r, tok, st.text, lp, FinishReason::None, "");
-    }
+    int32_t tok = -1;
+    (void)draw_token(r, e.pages, i, row, tok);
   }
+}
+
+bool Engine::draw_token(Req& r, std::span<const PageRef> pages, size_t i, std::span<float> row,
+                        int32_t& tok) {
+  auto& I = *impl_;
+  StepLogprobs* lp = r.request.logprobs ? &r.lp : nullptr;
+  tok = -1;
+  if (r.request.constraint && !constrain(r, row, i, -1)) return false;
+  tok = r.sampler.sample(row, lp);
+  r.sampler.accept(tok);
+  if (r.request.constraint && !constrain(r, row, i, tok)) return false;
+  if (r.request.handoff && !r.handoff_out) capture_handoff(r, tok, pages, lp);
+  I.sampled[i] = tok;
+  ++r.completion_tokens;
+  ++I.stats.generated_tokens;
+  auto st = r.stop.step(tok);
+  if (st.finish != FinishReason::None) {
+    // The last token's event carries the finish; the scheduler lets the
+    // sequence go after commit.
+    r.done = true;
+    emit(r, tok, st.text, lp, st.finish, "");
+    I.to_finish.push_back(&r);
+    return false;
+  }
+  emit(r, tok, st.text, lp, FinishReason::None, "");
+  return true;
 }
 
 Result<bool> Engine::step() {
@@ -624,6 +651,7 @@ Result<bool> Engine::step() {
       break;
     }
   }
+  propose_drafts();
   const StepPlan& plan = scheduler_->schedule();
   if (plan.empty()) {
     KV_TRY(scheduler_->commit({}));
@@ -650,6 +678,7 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
   I.build_batch(plan, *pool_);
   const int64_t vocab = model_->config().vocab;
   I.sampled.assign(n, -1);
+  I.accepted.assign(n, 0);
   if (!I.batch.seqs.empty()) {
     I.logits.resize(size_t(I.batch.logit_rows()) * size_t(vocab));
     const double t0 = now_s();
@@ -670,7 +699,7 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
   }
   I.record_prompt_logprobs(plan, vocab);
   sample_and_stream(plan, vocab);
-  KV_TRY(scheduler_->commit(I.sampled));
+  KV_TRY(scheduler_->commit(I.sampled, I.accepted));
   for (Req* r : I.to_finish) {
     if (scheduler_->find(r->seq) != nullptr)
       (void)scheduler_->finish(r->seq, r->stop.finish_reason() != FinishReason::None

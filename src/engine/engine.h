@@ -30,6 +30,7 @@
 #include "engine/constraint.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/stop_matcher.h"
 #include "kvcache/kv_layout.h"
 #include "kvcache/page_ref.h"
@@ -50,6 +51,7 @@ class Scheduler;
 class FaultInjector;
 struct KvHandoff;
 struct StepPlan;
+struct ScheduledSequence;
 
 using RequestId = uint64_t;
 
@@ -166,6 +168,9 @@ struct Request {
   // follows each drawn token. One per request (it keeps the request's
   // position in its grammar); null: unconstrained.
   std::shared_ptr<TokenConstraint> constraint;
+  // Speculative decoding by prompt lookup (speculative.h): off unless
+  // num_tokens > 0. The output is the same with it as without.
+  SpeculativeParams speculative;
   RequestCallback on_event;  // may be empty
 };
 
@@ -189,6 +194,9 @@ struct EngineStats {
   // (submit_handoff), and refused (layout, checksum or shape).
   int64_t kv_handoffs_out = 0, kv_handoffs_in = 0, kv_handoffs_refused = 0;
   int64_t kv_imports_waiting = 0;  // taken in, waiting for pages or a running slot
+  // Speculative decoding: decode steps that carried a draft, draft tokens
+  // fed, and how many of them were accepted.
+  int64_t spec_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   double forward_seconds = 0, verify_seconds = 0;
   // Of forward_seconds, the time in collectives (tensor / expert parallelism).
   double comm_seconds = 0;
@@ -292,6 +300,16 @@ class Engine {
   // Parts of step(), in the order it runs them.
   void check_step_integrity(const StepPlan& plan);
   void sample_and_stream(const StepPlan& plan, int64_t vocab);
+  // Speculative decoding (engine_speculative.cpp): drafts offered to the
+  // scheduler before it plans; a drafted entry's rows drawn in order while
+  // the draws agree with the draft. Returns false when the request ended.
+  void propose_drafts();
+  void sample_drafted(Req& r, const ScheduledSequence& e, size_t i, size_t row0, int64_t vocab);
+  // One drawn token of request r (plan entry i, its pages `pages`) from
+  // `row`: constraint, sampler, stop logic and the event. False when the
+  // request ended with it.
+  bool draw_token(Req& r, std::span<const PageRef> pages, size_t i, std::span<float> row,
+                  int32_t& tok);
   // A constrained request's row before the draw (`token` -1: the mask) or
   // the drawn token after it; false when the constraint failed and the
   // request ended (engine_constraint.cpp).

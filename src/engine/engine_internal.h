@@ -33,6 +33,7 @@ struct Engine::Req {
   int64_t completion_tokens = 0;
   int64_t cached_tokens = -1;  // set at the first scheduled chunk
   bool done = false;
+  SpeculativePacer pacer;
   // Disaggregation (kv_handoff.h): what a handoff request hands out with its
   // final event, and what an imported one starts from.
   std::unique_ptr<KvHandoff> handoff_out;
@@ -58,6 +59,8 @@ struct Engine::Impl {
   Batch batch;
   std::vector<float> logits;
   std::vector<int32_t> sampled;
+  std::vector<int32_t> accepted;  // draft tokens accepted per plan entry
+  std::vector<int32_t> draft;     // scratch for a proposal
   std::vector<Req*> to_finish;
   EngineStats stats;
   uint64_t seed_counter = 0;

@@ -187,7 +187,7 @@ void get_stop(Reader& r, StopParams& p) {
 
 void put_request(Writer& w, const Request& q) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, handoff, constraint, on_event] = q;
+               prompt_only, handoff, constraint, speculative, on_event] = q;
   (void)on_event;  // stays with the rank that took the request
   // Not carried: Engine::submit refuses constrained requests when
   // distributed, so every request that travels has none.
@@ -200,11 +200,14 @@ void put_request(Writer& w, const Request& q) {
   w.i64(prompt_logprobs_from);
   w.boolean(prompt_only);
   w.boolean(handoff);
+  w.i32(speculative.num_tokens);
+  w.i32(speculative.min_ngram);
+  w.i32(speculative.max_ngram);
 }
 
 void get_request(Reader& r, Request& q) {
   auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from, prompt_only,
-         handoff, constraint, on_event] = q;
+         handoff, constraint, speculative, on_event] = q;
   on_event = nullptr;
   constraint = nullptr;
   r.ids(prompt, "prompt");
@@ -215,6 +218,9 @@ void get_request(Reader& r, Request& q) {
   prompt_logprobs_from = r.i64("prompt_logprobs_from");
   prompt_only = r.boolean("prompt_only");
   handoff = r.boolean("handoff");
+  speculative.num_tokens = r.i32("speculative.num_tokens");
+  speculative.min_ngram = r.i32("speculative.min_ngram");
+  speculative.max_ngram = r.i32("speculative.max_ngram");
 }
 
 // The fewest bytes a submitted entry takes: its id and a request with every

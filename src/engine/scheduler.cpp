@@ -125,6 +125,7 @@ void Scheduler::preempt(SequenceState& s) {
       plan_.sequences.erase(it);
       break;
     }
+  drop_draft(s);
   release(s);
   running_.erase(std::find(running_.begin(), running_.end(), &s));
   s.status = SequenceStatus::Waiting;
@@ -132,6 +133,36 @@ void Scheduler::preempt(SequenceState& s) {
   ++s.preemptions;
   ++preemptions_;
   plan_.preempted.push_back(s.id);
+}
+
+void Scheduler::drop_draft(SequenceState& s) {
+  s.tokens.resize(s.tokens.size() - size_t(s.draft));
+  s.draft = 0;
+}
+
+void Scheduler::propose(SeqId id, std::span<const int32_t> draft) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  SequenceState& s = *it->second;
+  if (s.status != SequenceStatus::Running || int64_t(s.tokens.size()) - s.computed != 1) return;
+  s.proposal.assign(draft.begin(), draft.end());
+}
+
+// A running sequence's decode, with as much of its proposed draft as the
+// budget, its max_tokens and the free pages allow (a draft never preempts).
+void Scheduler::schedule_decode(SequenceState& s) {
+  int64_t k = std::min<int64_t>(int64_t(s.proposal.size()), budget_ - 1);
+  k = std::min(k, s.max_tokens - s.generated - 1);
+  if (k > 0) {
+    s.tokens.insert(s.tokens.end(), s.proposal.begin(), s.proposal.begin() + k);
+    s.draft = k;
+    if (reserve(s, 1 + k, false)) {
+      add_entry(s, 1 + k, StepKind::Decode);
+      return;
+    }
+    drop_draft(s);
+  }
+  if (reserve(s, 1, true)) add_entry(s, 1, StepKind::Decode);
 }
 
 bool Scheduler::reserve(SequenceState& s, int64_t n, bool may_preempt) {
@@ -155,6 +186,7 @@ void Scheduler::add_entry(SequenceState& s, int64_t n, StepKind kind) {
   e.n_tokens = n;
   e.samples = s.computed + n == int64_t(s.tokens.size());
   e.tokens = std::span<const int32_t>(s.tokens).subspan(size_t(s.computed), size_t(n));
+  e.draft = s.draft;
   e.pages = std::span<const PageRef>(s.table.pages)
                 .first(size_t(kv_pages_for_tokens(s.computed + n, page_tokens_)));
   plan_.sequences.push_back(e);
@@ -174,12 +206,13 @@ const StepPlan& Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     SequenceState& s = *running_[i];
     if (int64_t(s.tokens.size()) - s.computed != 1) continue;
-    if (reserve(s, 1, true)) add_entry(s, 1, StepKind::Decode);
+    schedule_decode(s);
   }
+  for (SequenceState* s : running_) s->proposal.clear();
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     SequenceState& s = *running_[i];
     const int64_t remaining = int64_t(s.tokens.size()) - s.computed;
-    if (remaining <= 1) continue;
+    if (remaining <= 1 || s.draft > 0) continue;
     const int64_t n = std::min(remaining, budget_);
     if (reserve(s, n, true)) add_entry(s, n, StepKind::Prefill);
   }
@@ -226,12 +259,17 @@ void Scheduler::index_full_pages(SequenceState& s) {
   s.indexed_pages = full;
 }
 
-Result<void> Scheduler::commit(std::span<const int32_t> sampled) {
+Result<void> Scheduler::commit(std::span<const int32_t> sampled,
+                               std::span<const int32_t> accepted) {
   if (!plan_pending_) return make_error("scheduler: commit without a scheduled step");
   if (sampled.size() != plan_.sequences.size())
     return make_error("scheduler: commit got " + std::to_string(sampled.size()) +
                       " tokens for a plan of " + std::to_string(plan_.sequences.size()) +
                       " sequences");
+  if (!accepted.empty() && accepted.size() != sampled.size())
+    return make_error("scheduler: commit got " + std::to_string(accepted.size()) +
+                      " accepted-draft counts for a plan of " +
+                      std::to_string(plan_.sequences.size()) + " sequences");
   plan_pending_ = false;
   finished_.clear();
   for (size_t i = 0; i < plan_.sequences.size(); ++i) {
@@ -241,7 +279,18 @@ Result<void> Scheduler::commit(std::span<const int32_t> sampled) {
     SequenceState& s = *it->second;
     KV_CHECK(s.status == SequenceStatus::Running);
     KV_CHECK_EQ(s.computed, e.start);
-    s.computed += e.n_tokens;
+    if (e.draft > 0) {
+      // The last token and the accepted draft tokens are computed; the
+      // rejected ones leave `tokens` and their pages go back.
+      const int64_t a = accepted.empty() ? 0 : std::clamp<int64_t>(accepted[i], 0, e.draft);
+      s.computed = e.start + 1 + a;
+      s.tokens.resize(size_t(s.computed));
+      page_table_truncate(pool_, s.table, s.computed);
+      s.generated += a;
+      s.draft = 0;
+    } else {
+      s.computed += e.n_tokens;
+    }
     KV_CHECK_EQ(s.computed, s.table.tokens);
     index_full_pages(s);
     if (!e.samples) continue;

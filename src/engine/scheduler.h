@@ -61,6 +61,11 @@ struct SequenceState {
   int64_t computed = 0;       // tokens whose K/V is in the pages
   int64_t indexed_pages = 0;  // leading full pages already offered to the prefix index
   int64_t preemptions = 0;
+  // Speculative decoding: the draft offered for the next step (propose()),
+  // and how many draft tokens the planned step feeds after the last token
+  // (they sit at the end of `tokens` until commit keeps the accepted ones).
+  std::vector<int32_t> proposal;
+  int64_t draft = 0;
   SequenceStatus status = SequenceStatus::Waiting;
   PageTable table;
 };
@@ -77,6 +82,10 @@ struct ScheduledSequence {
   // one new token from it. False for an intermediate prefill chunk.
   bool samples = false;
   std::span<const int32_t> tokens;  // [n_tokens], the tokens to feed
+  // A decode with draft tokens (speculative decoding): tokens[0] is the
+  // sequence's last token and tokens[1..draft] the draft; n_tokens is
+  // 1 + draft, each token computed as a decode of its own position.
+  int64_t draft = 0;
   // Every page the step reads or writes for this sequence: the pages of
   // tokens [0, start + n_tokens), all current and allocated.
   std::span<const PageRef> pages;
@@ -133,11 +142,22 @@ class Scheduler {
   // before the next schedule().
   const StepPlan& schedule();
 
+  // Speculative decoding: draft tokens for a running sequence's next decode.
+  // The next schedule() feeds its last token and then up to
+  // max_tokens - generated - 1 of them, fewer when the step's budget is
+  // short, none when their pages would need a preemption. Dropped by the
+  // next schedule() whether used or not. Ignored for a sequence that is not
+  // running or is still in prefill.
+  void propose(SeqId id, std::span<const int32_t> draft);
+
   // Applies the step: `sampled[i]` is the token sampled for plan.sequences[i]
   // (ignored where samples is false; entries of sequences finished since the
   // plan are skipped). Sequences that reach max_tokens finish with "length";
-  // finished() lists them until the next commit.
-  Result<void> commit(std::span<const int32_t> sampled);
+  // finished() lists them until the next commit. For an entry with a draft,
+  // `accepted[i]` (0..draft; 0 when `accepted` is empty) is how many of its
+  // draft tokens the model agreed with: they stay, the rest are dropped with
+  // their pages, and sampled[i] follows them.
+  Result<void> commit(std::span<const int32_t> sampled, std::span<const int32_t> accepted = {});
   std::span<const FinishedSequence> finished() const { return finished_; }
 
   // Ends a sequence, waiting or running, and returns all its pages. Errors:
@@ -163,6 +183,9 @@ class Scheduler {
  private:
   void clear_plan();
   void preempt(SequenceState& s);
+  void schedule_decode(SequenceState& s);
+  // Takes the planned draft tokens off the end of `tokens`.
+  void drop_draft(SequenceState& s);
   // Gives `s` the pages for `n` more tokens, evicting index-only pages and,
   // when `may_preempt`, preempting the youngest running sequences. False when
   // it could not (then `s` may itself have been preempted).

@@ -30,6 +30,17 @@ KvSlot page_table_locate(const PageTable& t, int64_t position, int64_t page_toke
   return KvSlot{t.pages[size_t(position / page_tokens)], position % page_tokens};
 }
 
+void page_table_truncate(PagePool& pool, PageTable& t, int64_t tokens) {
+  KV_CHECK(tokens >= 0 && tokens <= t.tokens);
+  const size_t keep = size_t(kv_pages_for_tokens(tokens, pool.geometry().page_tokens));
+  while (t.pages.size() > keep) {
+    // A stale entry (after a fault) is another holder's; the integrity pass reports it.
+    (void)pool.release(t.pages.back());
+    t.pages.pop_back();
+  }
+  t.tokens = tokens;
+}
+
 ReleaseCounts page_table_release(PagePool& pool, PageTable& t) {
   ReleaseCounts c;
   for (const PageRef& r : t.pages) {

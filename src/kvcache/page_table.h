@@ -39,6 +39,12 @@ struct KvSlot {
 };
 KvSlot page_table_locate(const PageTable& t, int64_t position, int64_t page_tokens);
 
+// Shrinks the table to its first `tokens` tokens (<= t.tokens), giving back
+// the pages past them (speculative decoding drops the K/V rows of rejected
+// draft tokens this way). Rows past `tokens` in the last kept page stay as
+// they are: they are overwritten before anything reads them.
+void page_table_truncate(PagePool& pool, PageTable& t, int64_t tokens);
+
 struct ReleaseCounts {
   int64_t released = 0;
   int64_t rejected = 0;  // stale, free or out-of-range entries: not this table's to free

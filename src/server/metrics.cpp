@@ -161,6 +161,14 @@ std::string Metrics::render(const ServerGauges& g) const {
        double(s.prompt_tokens));
   line(o, "kvant_generation_tokens_total", "counter", "Tokens generated.",
        double(s.generated_tokens));
+  line(o, "kvant_spec_decode_steps_total", "counter",
+       "Decode steps of a request that carried draft tokens (speculative decoding).",
+       double(s.spec_steps));
+  line(o, "kvant_spec_decode_draft_tokens_total", "counter", "Draft tokens fed.",
+       double(s.spec_draft_tokens));
+  line(o, "kvant_spec_decode_accepted_tokens_total", "counter",
+       "Draft tokens accepted (each a token generated without a step of its own).",
+       double(s.spec_accepted_tokens));
   line(o, "kvant_preemptions_total", "counter", "Requests preempted for KV pages.",
        double(s.preemptions));
   line(o, "kvant_prefix_cache_hit_tokens_total", "counter",

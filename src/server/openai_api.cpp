@@ -122,6 +122,49 @@ struct Reader {
   }
 };
 
+// Not OpenAI's: speculative decoding by prompt lookup, per request. true:
+// the defaults; false: off; an object {"method": "ngram",
+// "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+// (vLLM's names for its server-wide setting), each key optional.
+void read_speculative(Reader& rd, ParsedRequest& r) {
+  const json* v = rd.field("speculative");
+  if (!v || rd.err) return;
+  if (v->is_boolean()) {
+    r.speculative = v->get<bool>() ? SpeculativeParams{kDefaultSpeculativeTokens, 2, 4}
+                                   : SpeculativeParams{};
+    return;
+  }
+  if (!v->is_object()) return rd.type_error("speculative", "a boolean or an object", *v);
+  SpeculativeParams p{kDefaultSpeculativeTokens, 2, 4};
+  for (auto it = v->begin(); it != v->end() && !rd.err; ++it) {
+    const std::string& k = it.key();
+    const std::string name = "speculative." + k;
+    if (it->is_null()) continue;
+    if (k == "method") {
+      if (!it->is_string() || *it != "ngram")
+        rd.err = bad("'" + name + "' must be \"ngram\" (prompt lookup), got " + it->dump(), name);
+      continue;
+    }
+    int32_t* dst = k == "num_speculative_tokens" ? &p.num_tokens
+                   : k == "prompt_lookup_min"    ? &p.min_ngram
+                   : k == "prompt_lookup_max"    ? &p.max_ngram
+                                                 : nullptr;
+    if (dst == nullptr) {
+      rd.err = bad("'" + name + "' is not supported by this server", name, 400,
+                   "unsupported_parameter");
+    } else if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 16) {
+      rd.err = bad("'" + name + "' must be an integer in [0, 16], got " + it->dump(), name);
+    } else {
+      *dst = int32_t(it->get<int64_t>());
+    }
+  }
+  if (rd.err) return;
+  if (auto ok = check_speculative_params(p); !ok.ok())
+    rd.err = bad(ok.error().message, "speculative");
+  else
+    r.speculative = p;
+}
+
 // A prompt given as token ids: each an integer in int32's range.
 std::optional<ApiError> read_prompt_ids(const json& a, ParsedRequest& r) {
   for (const json& t : a) {
@@ -289,7 +332,8 @@ std::optional<ApiError> refuse_unread(Endpoint endpoint, const json& j) {
       "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k",
       "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stream",
       "stream_options", "stop", "user", "ignore_eos", "logprobs", "logit_bias",
-      "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice"};
+      "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+      "speculative"};
   static const std::set<std::string, std::less<>> chat_only = {
       "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
       "chat_template_kwargs"};
@@ -428,6 +472,7 @@ ParseOutcome parse_request_body(Endpoint endpoint, std::string_view body,
   if (auto u = rd.string("user")) r.user = *u;
   // Not OpenAI's: keeps generating past end-of-generation tokens (benchmarks).
   if (auto ie = rd.boolean("ignore_eos")) r.stop.ignore_eos = *ie;
+  read_speculative(rd, r);
   if (!rd.err) rd.err = refuse_unread(endpoint, j);
   if (rd.err) return {std::nullopt, *rd.err};
   r.stop.max_tokens = r.max_tokens;

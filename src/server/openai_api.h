@@ -89,7 +89,13 @@ struct ParsedRequest {
   int64_t prompt_logprobs_from = 1;
   // vLLM's: tokens in logprobs are written "token_id:<id>" instead of text.
   bool tokens_as_ids = false;
+  // Not OpenAI's: speculative decoding by prompt lookup ("speculative"),
+  // off unless asked for. The output is the same either way.
+  SpeculativeParams speculative;
 };
+// Draft tokens per step when a request asks for speculative decoding
+// without naming a count.
+constexpr int32_t kDefaultSpeculativeTokens = 4;
 
 // Parses and checks a request body; `model_name` is the one model served.
 // A field this server does not read is refused (400, naming it, code

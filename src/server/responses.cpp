@@ -73,6 +73,7 @@ kvant::Request engine_request(const ParsedRequest& pr, std::vector<int32_t> ids)
   er.stop = pr.stop;
   er.logprobs = pr.logprobs && !pr.prompt_only;
   er.prompt_only = pr.prompt_only;
+  er.speculative = pr.speculative;
   if (pr.echo && pr.logprobs) {
     er.prompt_logprobs = pr.top_logprobs;
     er.prompt_logprobs_from = std::min<int64_t>(pr.prompt_logprobs_from, int64_t(er.prompt.size()));

@@ -67,7 +67,7 @@ void compare(const StopParams& a, const StopParams& b, Diff& d) {
 
 Diff compare(const Request& a, const Request& b) {
   const auto& [prompt, sampling, stop, logprobs, prompt_logprobs, prompt_logprobs_from,
-               prompt_only, handoff, constraint, on_event] = a;
+               prompt_only, handoff, constraint, speculative, on_event] = a;
   (void)on_event;  // not carried: checked apart
   (void)constraint;  // not carried: distributed engines refuse constrained requests
   Diff d;
@@ -79,6 +79,9 @@ Diff compare(const Request& a, const Request& b) {
   d.field("prompt_logprobs_from", prompt_logprobs_from == b.prompt_logprobs_from);
   d.field("prompt_only", prompt_only == b.prompt_only);
   d.field("handoff", handoff == b.handoff);
+  d.field("speculative.num_tokens", speculative.num_tokens == b.speculative.num_tokens);
+  d.field("speculative.min_ngram", speculative.min_ngram == b.speculative.min_ngram);
+  d.field("speculative.max_ngram", speculative.max_ngram == b.speculative.max_ngram);
   return d;
 }
 
@@ -116,6 +119,7 @@ Request full_request() {
   q.prompt_logprobs_from = (int64_t(1) << 40) + 1;
   q.prompt_only = true;
   q.handoff = true;
+  q.speculative = {7, 3, 9};
   q.on_event = [](const RequestEvent&) {};
   return q;
 }
@@ -180,7 +184,7 @@ TEST(RequestCodec, FullRequestSetsEveryField) {
   // not show that the field is carried.
   EXPECT_EQ(d.differ.size(), d.fields) << "fields compared: " << d.fields
                                        << ", differing: " << joined(d.differ);
-  EXPECT_EQ(d.fields, 21u);
+  EXPECT_EQ(d.fields, 24u);
 }
 
 TEST(RequestCodec, RoundTripsEveryField) {
