@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/kv_handoff.h"
 #include "engine/scheduler.h"
+#include "engine/speculative_pacer.h"
 #include "kvcache/kv_verifier.h"
 #include "kvcache/kv_view.h"
 #include "model/model.h"

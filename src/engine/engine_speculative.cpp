@@ -8,6 +8,7 @@ namespace kvant {
 
 void Engine::propose_drafts() {
   auto& I = *impl_;
+  const int64_t running = scheduler_->running_count();
   for (auto& [id, rp] : I.reqs) {
     Req& r = *rp;
     if (r.done || r.request.speculative.num_tokens <= 0 || r.seq == 0) continue;
@@ -15,7 +16,7 @@ void Engine::propose_drafts() {
     if (s == nullptr || s->status != SequenceStatus::Running ||
         int64_t(s->tokens.size()) - s->computed != 1)
       continue;
-    if (!r.pacer.may_draft()) continue;
+    if (!r.pacer.may_draft(running)) continue;
     ngram_propose(s->tokens, r.request.speculative, I.draft);
     if (!I.draft.empty()) scheduler_->propose(r.seq, I.draft);
   }

@@ -38,27 +38,4 @@ Result<void> check_speculative_params(const SpeculativeParams& p);
 void ngram_propose(std::span<const int32_t> tokens, const SpeculativeParams& p,
                    std::vector<int32_t>& draft);
 
-// Per-request pacing: a draft that was wholly rejected makes the request skip
-// drafting for 1, 2, 4, then 8 steps (each further miss doubles the pause,
-// up to 8); any accepted token ends the pause. Text that the model does not
-// copy (open-ended chat) then spends few rows on drafts.
-struct SpeculativePacer {
-  int32_t misses = 0;  // wholly rejected drafts in a row
-  int32_t pause = 0;   // steps left without drafting
-  bool may_draft() {
-    if (pause <= 0) return true;
-    --pause;
-    return false;
-  }
-  void record(int64_t proposed, int64_t accepted) {
-    if (proposed <= 0) return;
-    if (accepted > 0) {
-      misses = 0;
-      return;
-    }
-    ++misses;
-    pause = misses >= 4 ? 8 : 1 << (misses - 1);
-  }
-};
-
 }  // namespace kvant

@@ -251,3 +251,31 @@ def test_logit_bias(client):
         client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=1,
                                   logit_bias={"99999999": 1})
     assert "vocabulary" in str(e.value)
+
+
+COPY = ("Repeat the following list exactly, one item per line:\n"
+        "apples, pears, plums, cherries, grapes, lemons, limes, oranges, peaches, melons, "
+        "figs, dates, kiwis, mangoes, papayas, guavas")
+
+
+def test_speculative_decoding_changes_nothing_but_speed(server, client):
+    # Prompt lookup drafts, verified as the engine's own decodes: the same
+    # text, greedy and seeded, whole and streamed, on one server and behind
+    # the router (the decode server drafts there).
+    for extra in ({}, {"temperature": 0.8, "seed": 7}):
+        kw = dict(model=MODEL_ID, messages=[{"role": "user", "content": COPY}], max_tokens=64,
+                  **({"temperature": 0} | extra))
+        plain = client.chat.completions.create(**kw).choices[0].message.content
+        spec = client.chat.completions.create(
+            extra_body={"speculative": {"method": "ngram", "num_speculative_tokens": 6}},
+            **kw).choices[0].message.content
+        s = list(client.chat.completions.create(extra_body={"speculative": True}, stream=True,
+                                                **kw))
+        streamed = "".join(x.choices[0].delta.content or "" for x in s if x.choices)
+        assert plain == spec == streamed
+    if isinstance(server, Server):
+        assert server.metrics()["kvant_spec_decode_accepted_tokens_total"] > 0
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4,
+                                       extra_body={"speculative": {"method": "eagle"}})
+    assert "speculative.method" in str(e.value)

@@ -132,6 +132,42 @@ TEST(OpenAiApi, ErrorsNameTheField) {
               j["error"].contains("param") && j["error"].contains("code"));
 }
 
+TEST(OpenAiApi, SpeculativeDecodingIsAskedPerRequest) {
+  // Off unless asked for; true takes the defaults; an object names vLLM's keys.
+  EXPECT_EQ(chat(json::object()).request->speculative.num_tokens, 0);
+  EXPECT_EQ(comp({{"speculative", false}}).request->speculative.num_tokens, 0);
+  auto on = chat({{"speculative", true}});
+  ASSERT_TRUE(on.request);
+  EXPECT_EQ(on.request->speculative.num_tokens, kDefaultSpeculativeTokens);
+  auto o = comp({{"speculative",
+                  {{"method", "ngram"}, {"num_speculative_tokens", 6}, {"prompt_lookup_min", 1},
+                   {"prompt_lookup_max", 3}}}});
+  ASSERT_TRUE(o.request) << o.error.message;
+  EXPECT_EQ(o.request->speculative.num_tokens, 6);
+  EXPECT_EQ(o.request->speculative.min_ngram, 1);
+  EXPECT_EQ(o.request->speculative.max_ngram, 3);
+  struct Case {
+    json value;
+    const char* param;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"yes", "speculative", "a boolean or an object"},
+      {{{"method", "eagle"}}, "speculative.method", "ngram"},
+      {{{"num_speculative_tokens", 17}}, "speculative.num_speculative_tokens", "[0, 16]"},
+      {{{"num_speculative_tokens", "4"}}, "speculative.num_speculative_tokens", "integer"},
+      {{{"prompt_lookup_min", 5}, {"prompt_lookup_max", 3}}, "speculative", "max_ngram"},
+      {{{"draft_model", "x"}}, "speculative.draft_model", "not supported"},
+  };
+  for (const auto& c : cases) {
+    auto r = chat({{"speculative", c.value}});
+    ASSERT_FALSE(r.request) << c.value.dump();
+    EXPECT_EQ(r.error.status, 400);
+    EXPECT_EQ(r.error.param, c.param) << c.value.dump();
+    EXPECT_NE(r.error.message.find(c.says), std::string::npos) << r.error.message;
+  }
+}
+
 TEST(OpenAiApi, UnreadFieldsAreRefusedByName) {
   const std::pair<json, const char*> refused[] = {
       {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"examples", 1}}}}}}},

@@ -17,6 +17,7 @@
 #include "engine/engine_testing.h"
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
+#include "engine/speculative_pacer.h"
 #include "kvcache/page_pool.h"
 #include "kvcache/prefix_index.h"
 
@@ -61,20 +62,38 @@ TEST(Speculative, ParamsAreChecked) {
 
 TEST(Speculative, PacerBacksOffAfterWhollyRejectedDrafts) {
   SpeculativePacer p;
-  EXPECT_TRUE(p.may_draft());
+  EXPECT_TRUE(p.may_draft(1));
   p.record(4, 0);  // miss 1: pause 1
-  EXPECT_FALSE(p.may_draft());
-  EXPECT_TRUE(p.may_draft());
+  EXPECT_FALSE(p.may_draft(1));
+  EXPECT_TRUE(p.may_draft(1));
   p.record(4, 0);  // miss 2: pause 2
-  EXPECT_FALSE(p.may_draft());
-  EXPECT_FALSE(p.may_draft());
-  EXPECT_TRUE(p.may_draft());
+  EXPECT_FALSE(p.may_draft(1));
+  EXPECT_FALSE(p.may_draft(1));
+  EXPECT_TRUE(p.may_draft(1));
   for (int i = 0; i < 5; ++i) p.record(4, 0);
   EXPECT_EQ(p.pause, 8);
   p.record(4, 1);  // an accepted token: no more misses (the pause runs out)
   EXPECT_EQ(p.misses, 0);
   p.record(0, 0);  // no draft: nothing changes
   EXPECT_EQ(p.misses, 0);
+}
+
+TEST(Speculative, PacerAsksMoreOfARequestInABiggerBatch) {
+  EXPECT_EQ(SpeculativePacer::bar(1), 0.f);
+  EXPECT_EQ(SpeculativePacer::bar(2), 0.f);
+  EXPECT_FLOAT_EQ(SpeculativePacer::bar(8), 0.6f);
+  EXPECT_FLOAT_EQ(SpeculativePacer::bar(64), 0.75f);
+  // Half the drafts accepted: drafts alone, not among 8.
+  SpeculativePacer half;
+  for (int i = 0; i < 30; ++i) half.record(4, 2);
+  EXPECT_NEAR(half.rate, 0.5f, 1e-3);
+  EXPECT_TRUE(half.may_draft(1));
+  EXPECT_FALSE(half.may_draft(8));
+  // Four in five accepted: drafts among 8 and among 64.
+  SpeculativePacer most;
+  for (int i = 0; i < 30; ++i) most.record(5, 4);
+  EXPECT_TRUE(most.may_draft(8));
+  EXPECT_TRUE(most.may_draft(64));
 }
 
 // --- the scheduler, with a fake model ---------------------------------------
