@@ -259,8 +259,6 @@ Result<void> Engine::check_request(Request& r) const {
         "structured output and forced tool calls are not available with tensor or expert "
         "parallelism");
   KV_TRY(check_speculative_params(r.speculative));
-  if (r.speculative.num_tokens > 0 && distributed())
-    return make_error("speculative decoding is not available with tensor or expert parallelism");
   for (const auto& [t, b] : r.sampling.logit_bias)
     if (t >= c.vocab)
       return make_error("logit_bias token id " + std::to_string(t) +

@@ -256,7 +256,8 @@ def stream_text(data):
     return text, done, [f for f in finish if f]
 
 
-GREEDY = [("The capital of France is", 12), ("Once upon a time, a small robot", 20)]
+GREEDY = [("The capital of France is", 12), ("Once upon a time, a small robot", 20),
+          ("Red, green, blue. Red, green, blue. Red, green, blue. Red,", 16)]
 
 
 def test_tp2_greedy_equals_one_process():
@@ -278,6 +279,15 @@ def test_tp2_greedy_equals_one_process():
             text, done, _ = stream_text(data)
             assert done, data
             assert text == want[prompt]
+            # Speculative decoding: every rank drafts from the same tokens and
+            # draws the same tokens, so the text is the same.
+            status, _, body = srv.request("POST", "/v1/completions",
+                                          {"model": MODEL_ID, "prompt": prompt, "max_tokens": n,
+                                           "temperature": 0, "speculative": True})
+            assert status == 200, body
+            assert json.loads(body)["choices"][0]["text"] == want[prompt]
+        status, _, body = srv.request("GET", "/metrics")
+        assert b"kvant_spec_decode_accepted_tokens_total 0\n" not in body, body
 
 
 def _kill_mid_stream(sig, dist_timeout, bound):
