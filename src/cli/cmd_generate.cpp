@@ -26,6 +26,7 @@ struct GenOpts {
   bool ignore_eos = false;
   std::vector<std::string> stop;
   SamplingParams sp;
+  SpeculativeParams spec;
 };
 
 double now_s() {
@@ -95,6 +96,7 @@ int run_generate(const GenOpts& o) {
   r.stop.max_tokens = o.n_predict;
   r.stop.stop = o.stop;
   r.stop.ignore_eos = o.ignore_eos;
+  r.speculative = o.spec;
   double t_first = 0, t_last = 0;
   int64_t generated = 0;
   FinishReason finish = FinishReason::None;
@@ -128,6 +130,15 @@ int run_generate(const GenOpts& o) {
                ids.size(), double(ids.size()) / prefill_s, (long long)generated,
                generated > 1 ? double(generated - 1) / decode_s : 0.0,
                std::string(finish_reason_name(finish)).c_str(), num_threads());
+  if (o.spec.num_tokens > 0) {
+    const EngineStats s = eng.stats();
+    std::fprintf(stderr, "speculative: %lld draft tokens, %lld accepted (%.0f%%) in %lld steps\n",
+                 (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens,
+                 s.spec_draft_tokens ? 100.0 * double(s.spec_accepted_tokens) /
+                                           double(s.spec_draft_tokens)
+                                     : 0.0,
+                 (long long)s.spec_steps);
+  }
   return 0;
 }
 
@@ -154,6 +165,13 @@ void register_generate(CLI::App& app) {
       ->check(CLI::Range(-2.0, 2.0));
   cmd->add_option("--seed", o.sp.seed, "sampling seed (0 = the engine picks one)");
   cmd->add_option("--stop", o.stop, "stop string (repeatable)");
+  cmd->add_option("--speculative", o.spec.num_tokens,
+                  "speculative decoding by prompt lookup: draft tokens per step (0 = off)")
+      ->check(CLI::Range(0, 16));
+  cmd->add_option("--lookup-min", o.spec.min_ngram, "shortest suffix a draft is looked up by")
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--lookup-max", o.spec.max_ngram, "longest suffix a draft is looked up by")
+      ->check(CLI::Range(1, 16));
   cmd->add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--chat", o.chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", o.system, "system message (with --chat)");
