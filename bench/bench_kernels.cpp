@@ -465,8 +465,9 @@ void register_all() {
               ->Unit(benchmark::kMicrosecond);
         }
   // Shape outermost: the cold weight copies are built once per shape.
+  // m 4 and 8: batched decode (a few requests, or one with draft tokens).
   for (const Shape& s : kShapes)
-    for (int64_t m : {1, 32, 512})
+    for (int64_t m : {1, 4, 8, 32, 512})
       for (const KernelTable* t : tables)
         for (bool packed : {false, true})
           for (int th : {1, 2}) {
