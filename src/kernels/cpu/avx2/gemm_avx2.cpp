@@ -257,7 +257,10 @@ struct FmaTraits {
   static void strip(int rows, const float* xb, const uint32_t* panels, int64_t pstride,
                     int64_t npanels, int64_t kc, float* y, int64_t ldy, int64_t jbase, int64_t jlo,
                     int64_t jhi, bool accumulate) {
-    if (rows >= 4)
+    // Four rows or fewer: the 4x16 tile, rather than the 6x16 one computing
+    // two or more rows of zeros (a decode step of a few requests, or one
+    // with draft tokens).
+    if (rows >= 5)
       sweep<6, 1>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
     else if (rows >= 2)
       sweep<4, 1>(rows, xb, panels, pstride, npanels, kc, y, ldy, jbase, jlo, jhi, accumulate);
