@@ -302,7 +302,7 @@ class Engine {
   void sample_and_stream(const StepPlan& plan, int64_t vocab);
   // Speculative decoding (engine_speculative.cpp): drafts offered to the
   // scheduler before it plans; a drafted entry's rows drawn in order while
-  // the draws agree with the draft. Returns false when the request ended.
+  // the draws agree with the draft (plan entry i, its first logits row row0).
   void propose_drafts();
   void sample_drafted(Req& r, const ScheduledSequence& e, size_t i, size_t row0, int64_t vocab);
   // One drawn token of request r (plan entry i, its pages `pages`) from
