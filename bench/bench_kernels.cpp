@@ -395,6 +395,42 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType
       benchmark::Counter(1e-9 * bytes * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// Prefill attention at depth on SmolLM2-135M shapes (head 64): one task of
+// the CPU backend, 16 consecutive queries at positions ctx-16 .. ctx-1 of one
+// head against ctx BF16 rows: scores, softmax, weighted sum, as
+// attention_prefill runs them. One thread; GFLOPS counts 4 * hd FLOPs per
+// (query, row) pair.
+void bm_prefill_attn(benchmark::State& state, const KernelTable* T, int64_t ctx) {
+  constexpr int64_t kHd = 64, kM = 16;
+  std::vector<uint16_t> k(size_t(ctx * kHd)), v(k.size());
+  fill_bf16(k.data(), int64_t(k.size()), 4);
+  fill_bf16(v.data(), int64_t(v.size()), 5);
+  std::vector<float> q(size_t(kM * kHd));
+  uint64_t seed = 3;
+  for (float& x : q) x = float(int64_t(next(seed) % 2001) - 1000) * 1e-3f;
+  std::vector<float> sc(size_t(kM * ctx)), out(size_t(kM * kHd));
+  int64_t ns[kM];
+  for (int64_t i = 0; i < kM; ++i) ns[i] = ctx - kM + 1 + i;
+  for (auto _ : state) {
+    if (T->attn_scores_multi) {
+      T->attn_scores_multi(q.data(), kHd, kM, k.data(), kHd, ctx, kHd, 0.125f, sc.data(), ctx);
+      for (int64_t i = 0; i < kM; ++i) T->softmax(sc.data() + i * ctx, ns[i]);
+      T->attn_weighted_sum_multi(sc.data(), ctx, ns, kM, v.data(), kHd, kHd, out.data(), kHd);
+    } else {
+      for (int64_t i = 0; i < kM; ++i) {
+        T->attn_scores(q.data() + i * kHd, k.data(), kHd, ns[i], kHd, 0.125f, sc.data());
+        T->softmax(sc.data(), ns[i]);
+        T->attn_weighted_sum(sc.data(), v.data(), kHd, ns[i], kHd, out.data() + i * kHd);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  double pairs = 0;
+  for (int64_t i = 0; i < kM; ++i) pairs += double(ns[i]);
+  state.counters["GFLOPS"] = benchmark::Counter(1e-9 * 4.0 * kHd * pairs * double(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+}
+
 void register_all() {
   std::vector<const KernelTable*> tables;
   for (Isa isa : {Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16})
@@ -430,6 +466,14 @@ void register_all() {
       const std::string name =
           std::string("paged_attn/") + kvant::kernels::isa_name(t->isa) + "/" + c.name + "/ctx4096";
       benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, c.elem, c.dynamic_scales)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  for (const KernelTable* t : tables)
+    for (int64_t ctx : {512, 4096, 16384}) {
+      const std::string name = std::string("prefill_attn/") + kvant::kernels::isa_name(t->isa) +
+                               "/ctx" + std::to_string(ctx);
+      benchmark::RegisterBenchmark(name.c_str(), bm_prefill_attn, t, ctx)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }

@@ -6,8 +6,8 @@
 # fetches or builds is committed: sources and binaries go to build-llamacpp/,
 # the BF16 model to models/, the JSON to bench/out/ (all git-ignored).
 #
-# usage: bench/llama_cpp.sh [build|run|kl|all]   (default all; kl: weight-quantization
-#        accuracy, see kl() below)
+# usage: bench/llama_cpp.sh [build|run|batched|kl|all]   (default all; kl: weight-quantization
+#        accuracy, see kl() below; batched: llama-batched-bench, see batched() below)
 #   JOBS=2 bench/llama_cpp.sh    build with 2 jobs (default 1: the machine is shared)
 #   THREADS=2 PP=512 TG=128      llama-bench settings
 set -euo pipefail
@@ -39,7 +39,8 @@ build() {
     -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$work/cmake.log"
-  nice -n 10 ninja -C "$work/build" -j "$jobs" llama-bench llama-quantize llama-perplexity
+  nice -n 10 ninja -C "$work/build" -j "$jobs" llama-bench llama-quantize llama-perplexity \
+    llama-batched-bench
 }
 
 run() {
@@ -59,6 +60,32 @@ for r in json.load(open(sys.argv[1])):
     kind = f"pp{r['n_prompt']}" if r['n_prompt'] else f"tg{r['n_gen']}"
     print(f"{kind}: {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} tokens/s  "
           f"(build {r.get('build_commit')}, {r.get('cpu_info')}, threads {r.get('n_threads')})")
+PY
+  echo "wrote $json"
+}
+
+# Batched decode on llama.cpp's side: llama-batched-bench prefills NPL
+# sequences of NPP tokens each and then decodes NTG tokens in all of them at
+# once; S_TG is its decode-only rate (NPL * NTG / decode seconds), the figure
+# `kvant bench --batched` reports as decode_tok_s. Same BF16 model as run().
+batched() {
+  [[ -x "$bin/llama-batched-bench" ]] || { echo "llama-batched-bench not built; run '$0 build' first" >&2; exit 1; }
+  [[ -f "$bf16" ]] || "$bin/llama-quantize" --allow-requantize "$q4" "$bf16" BF16 >/dev/null
+  local npp="${NPP:-128}" ntg="${NTG:-128}" npl="${NPL:-1,8,32,64}"
+  mkdir -p "$out"
+  local json="$out/llama_batched_smollm2_bf16_t${threads}.jsonl"
+  # The KV cache holds every sequence's prompt and generation.
+  local ctx=$(( (npp + ntg) * ${npl##*,} + 256 ))
+  "$bin/llama-batched-bench" -m "$bf16" -t "$threads" -tb "$threads" -c "$ctx" -b 2048 -ub 512 \
+    -npp "$npp" -ntg "$ntg" -npl "$npl" --output-format jsonl >"$json" 2>"$work/batched.log"
+  python3 - "$json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    print(f"npl {r['pl']}: S_PP {r['speed_pp']:.1f}  S_TG {r['speed_tg']:.1f}  S {r['speed']:.1f} tokens/s")
 PY
   echo "wrote $json"
 }
@@ -101,6 +128,7 @@ case "$stage" in
   build) build ;;
   run) run ;;
   kl) kl ;;
+  batched) batched ;;
   all) build; run ;;
-  *) echo "usage: $0 [build|run|kl|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|run|batched|kl|all]" >&2; exit 2 ;;
 esac

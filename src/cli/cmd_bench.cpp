@@ -1,7 +1,9 @@
 // `kvant bench`: prefill and decode throughput on random tokens, measured the
 // way llama.cpp's llama-bench measures pp/tg: prefill is one forward over
 // `--prompt-tokens` tokens, decode is `--gen-tokens` single-token steps from
-// an empty context; each repeated `--reps` times, mean reported.
+// an empty context; each repeated `--reps` times, mean reported. With
+// `--batched NPL`, llama.cpp's llama-batched-bench measure instead: NPL
+// sequences prefilled and then decoded together (run_batched).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +38,7 @@ struct BenchOpts {
   int requests_per_client = 2;
   int max_step_tokens = 512;
   int page_tokens = 16;
+  std::string batched;  // e.g. 1,8,32,64: the batched (decode-only) measure
   int prompt_tokens = 512;
   int gen_tokens = 128;
   int threads = 0;
@@ -85,9 +88,14 @@ Result<std::string> precision(const std::string& s) {
 }
 
 int run_single(const BenchOpts& o, const std::string& wspec);
+int run_batched(const BenchOpts& o);
+double percentile(std::vector<double> v, double q);
 
 int run_bench(const BenchOpts& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  if (!o.concurrency.empty() && !o.batched.empty())
+    return fail("--concurrency and --batched are two measures: give one");
+  if (!o.batched.empty()) return run_batched(o);
   if (!o.concurrency.empty()) return run_batch_bench(o);
   for (const auto& w : split_list(o.weights))
     if (int rc = run_single(o, w); rc != 0) return rc;
@@ -251,6 +259,138 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
                   "bounds the transfer)\n",
                   o.tp, o.ep, tg_sum > 0 ? 100.0 * tg_comm / tg_sum : 0.0, shares_json.c_str());
   }
+  return 0;
+}
+
+// The measure llama.cpp's llama-batched-bench makes, over the model alone
+// (no scheduler or sampling): for each NPL, NPL sequences of --prompt-tokens
+// random tokens are prefilled (whole prompts batched together, up to
+// --max-step-tokens rows a forward), then --gen-tokens steps each decode
+// one token in every sequence in one forward. decode_tok_s = NPL *
+// gen-tokens / decode seconds is llama-batched-bench's S_TG, prefill_tok_s
+// its S_PP, total_tok_s its S. Each NPL is measured --reps times after a
+// short warm-up; medians reported.
+int run_batched(const BenchOpts& o) {
+  if (o.tp > 1 || o.ep > 1 || dist::launched_by_mpirun())
+    return fail("--batched measures one process (no --tp/--ep, not under mpirun)");
+  if (o.prompt_tokens < 1 || o.gen_tokens < 1)
+    return fail("--batched needs --prompt-tokens and --gen-tokens of at least 1");
+  std::vector<int> npls;
+  for (auto& c : split_list(o.batched)) {
+    try {
+      npls.push_back(std::stoi(c));
+    } catch (...) {
+      return fail("--batched: not a number: '" + c + "'");
+    }
+    if (npls.back() < 1 || npls.back() > 4096) return fail("--batched values must be in 1..4096");
+  }
+  if (npls.empty()) return fail("--batched: give sequence counts, e.g. 1,8,32,64");
+  const auto ws = split_list(o.weights);
+  if (ws.size() != 1) return fail("--batched takes one --weights value");
+  const auto [pw, dw] = phase_weights(ws[0]);
+  auto pp_prec = precision(pw), dd_prec = precision(dw);
+  if (!pp_prec) return fail(pp_prec.error().message);
+  if (!dd_prec) return fail(dd_prec.error().message);
+  std::vector<KvDType> dtypes;
+  for (auto& d : split_list(o.kv_dtypes)) {
+    auto k = parse_kv_dtype(d);
+    if (!k) return fail(k.error().message);
+    dtypes.push_back(*k);
+  }
+  auto m = ModelRunner::load(runner_options(o, *pp_prec, *dd_prec));
+  if (!m) return fail(m.error().message);
+  ModelRunner& model = **m;
+  const auto& c = model.config();
+  const int64_t ctx = int64_t(o.prompt_tokens) + o.gen_tokens;
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab - 1));
+  const auto median = [](std::vector<double> v) { return percentile(std::move(v), 0.5); };
+  nlohmann::json configs = nlohmann::json::array();
+  for (KvDType dt : dtypes) {
+    SeqKvOptions kvo;
+    kvo.arena = model.kv_arena();
+    kvo.elem = dt;
+    kvo.dynamic_scales = dt != KvDType::kBf16;
+    kvo.page_tokens = o.page_tokens;
+    for (int npl : npls) {
+      std::vector<double> pps, tgs;
+      for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0: a short warm-up
+        const bool warm = rep == 0;
+        const int n = warm ? std::min(npl, 2) : npl;
+        const int p = warm ? std::min(o.prompt_tokens, 16) : o.prompt_tokens;
+        const int g = warm ? std::min(o.gen_tokens, 2) : o.gen_tokens;
+        std::vector<std::unique_ptr<SeqKv>> kv;
+        std::vector<std::vector<int32_t>> ids(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) {
+          kv.push_back(std::make_unique<SeqKv>(c, ctx, kvo));
+          for (int t = 0; t < p; ++t) ids[size_t(i)].push_back(tok(rng));
+        }
+        model.reserve(std::max<int64_t>(n, std::min<int64_t>(int64_t(n) * p, o.max_step_tokens)), ctx);
+        std::vector<float> logits(size_t(n) * size_t(c.vocab));
+        std::vector<RunChunk> chunks;
+        const double t0 = now_s();
+        for (int i = 0; i < n;) {  // whole prompts, up to max_step_tokens rows a forward
+          chunks.clear();
+          int64_t rows = 0;
+          for (; i < n && (chunks.empty() || rows + p <= o.max_step_tokens); ++i) {
+            chunks.push_back(RunChunk{kv[size_t(i)].get(), 0, ids[size_t(i)], false});
+            rows += p;
+          }
+          if (auto r = model.forward(chunks, logits); !r) return fail(r.error().message);
+        }
+        const double t1 = now_s();
+        std::vector<int32_t> next(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) next[size_t(i)] = tok(rng);
+        for (int s = 0; s < g; ++s) {
+          chunks.clear();
+          for (int i = 0; i < n; ++i)
+            chunks.push_back(RunChunk{kv[size_t(i)].get(), int64_t(p) + s,
+                                      std::span<const int32_t>(&next[size_t(i)], 1), false});
+          if (auto r = model.forward(chunks, logits); !r) return fail(r.error().message);
+          for (int i = 0; i < n; ++i) {
+            const float* row = logits.data() + size_t(i) * size_t(c.vocab);
+            next[size_t(i)] = int32_t(std::max_element(row, row + c.vocab) - row);
+          }
+        }
+        const double t2 = now_s();
+        if (warm) continue;
+        pps.push_back(t1 - t0);
+        tgs.push_back(t2 - t1);
+      }
+      const double pp_s = median(pps), tg_s = median(tgs);
+      const double prefill = double(npl) * o.prompt_tokens / pp_s;
+      const double decode = double(npl) * o.gen_tokens / tg_s;
+      const double total = double(npl) * (o.prompt_tokens + o.gen_tokens) / (pp_s + tg_s);
+      nlohmann::json j;
+      j["kv_dtype"] = kv_dtype_name(dt);
+      j["npl"] = npl;
+      j["prompt_tokens"] = o.prompt_tokens;
+      j["gen_tokens"] = o.gen_tokens;
+      j["prefill_s"] = pp_s;
+      j["decode_s"] = tg_s;
+      j["prefill_tok_s"] = prefill;
+      j["decode_tok_s"] = decode;
+      j["total_tok_s"] = total;
+      j["decode_step_ms"] = tg_s * 1e3 / o.gen_tokens;
+      configs.push_back(j);
+      std::fprintf(stderr,
+                   "%-9s npl %4d: prefill %8.1f tok/s (%6.2f s) | decode %8.1f tok/s (%7.2f ms a "
+                   "step) | total %8.1f tok/s\n",
+                   kv_dtype_name(dt), npl, prefill, pp_s, decode, tg_s * 1e3 / o.gen_tokens, total);
+    }
+  }
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["arch"] = c.arch_name;
+  j["threads"] = num_threads();
+  j["device"] = model.device();
+  j["weights"] = ws[0];
+  j["prefill_weights"] = model.set_precision(model.prefill_set());
+  j["decode_weights"] = model.set_precision(model.decode_set());
+  j["reps"] = o.reps;
+  j["max_step_tokens"] = o.max_step_tokens;
+  j["configs"] = configs;
+  if (o.json) std::printf("%s\n", j.dump(2).c_str());
   return 0;
 }
 
@@ -481,6 +621,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--json", o.json, "print one JSON object");
   cmd->add_option("--concurrency", o.concurrency,
                   "batch mode through the engine: clients in a closed loop, e.g. 1,8,32,64");
+  cmd->add_option("--batched", o.batched,
+                  "llama-batched-bench's measure: this many sequences prefilled, then decoded "
+                  "together, e.g. 1,8,32,64 (reports decode_tok_s, its S_TG)");
   cmd->add_option("--weights", o.weights,
                   "weight precisions to compare: native, bf16, fp8, int4, or P/D (prefill P, "
                   "decode D), comma-separated, e.g. bf16,fp8,int4,fp8/int4");
@@ -489,14 +632,14 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_flag("--int4-lm-head", o.int4_lm_head,
                 "quantizing at load: the output projection too");
-  cmd->add_option("--kv-dtype", o.kv_dtypes, "batch mode: KV dtypes, e.g. bf16,fp8_e4m3");
+  cmd->add_option("--kv-dtype", o.kv_dtypes, "batch and batched modes: KV dtypes, e.g. bf16,fp8_e4m3");
   cmd->add_option("--kv-scale", o.kv_scale, "batch mode: FP8 scales, dynamic or static");
   cmd->add_option("--kv-memory", o.kv_memory, "batch mode: KV budget, e.g. 64MiB");
   cmd->add_option("--integrity", o.integrity, "batch mode: on, off or on,off");
   cmd->add_option("--requests-per-client", o.requests_per_client,
                   "batch mode: requests each client sends")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch mode: tokens per step")
+  cmd->add_option("--max-step-tokens", o.max_step_tokens, "batch and batched modes: tokens per step")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--tp", o.tp, "tensor-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ep", o.ep, "expert-parallel ranks (under mpirun -np N)")->check(CLI::Range(1, 1024));
@@ -505,7 +648,7 @@ void register_bench(CLI::App& app) {
                 "share into waiting for the last rank and the transfer (slows each step)");
   cmd->add_option("--dist-timeout", o.dist_timeout, "seconds a collective waits for a peer rank")
       ->check(CLI::Range(0.0, 86400.0));
-  cmd->add_option("--page-tokens", o.page_tokens, "batch mode: tokens per KV page")
+  cmd->add_option("--page-tokens", o.page_tokens, "batch and batched modes: tokens per KV page")
       ->check(CLI::Range(1, 4096));
   register_bench_serve(*cmd);
   cmd->callback([cmd] {

@@ -156,13 +156,14 @@ TEST_P(KernelOpsTest, AttnScores) {
 }
 
 // The multi-query forms (where an ISA has them) give each query exactly its
-// one-query result, whatever m, n, the row count mod 16 and the head size.
+// one-query result, whatever m, n, the row count mod 16, the rows across
+// the kernels' row blocks and the head size.
 TEST_P(KernelOpsTest, AttnMultiQueryBitwiseEqualsOneQuery) {
   if (!T().attn_scores_multi || !T().attn_weighted_sum_multi)
     GTEST_SKIP() << "no multi-query kernels";
   for (int64_t hd : {7, 16, 20, 64, 80, 128})
-    for (int64_t m : {1, 2, 3, 4, 5, 8, 11})
-      for (int64_t n : {1, 15, 16, 17, 40, 333}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 8, 11, 16})
+      for (int64_t n : {1, 15, 16, 17, 40, 128, 129, 333, 600}) {
         const int64_t ldk = hd + 5, ldq = hd + 3, lds = n + 7;
         auto q = random_f32(size_t(m * ldq), -2.f, 2.f, uint32_t(hd * 100 + m * 10 + n));
         auto k = random_bf16(size_t(n * ldk), -2.f, 2.f, uint32_t(hd + n));
@@ -176,7 +177,9 @@ TEST_P(KernelOpsTest, AttnMultiQueryBitwiseEqualsOneQuery) {
         }
         // Weighted sums with a different row count per query (causal prefill).
         std::vector<int64_t> ns(static_cast<size_t>(m));
-        for (int64_t i = 0; i < m; ++i) ns[size_t(i)] = std::max<int64_t>(0, n - (i * 7) % 13);
+        // (n 1: some queries, and with m 1 all, take no row.)
+        for (int64_t i = 0; i < m; ++i)
+          ns[size_t(i)] = std::max<int64_t>(0, n - (i * 7) % 13 - (n == 1 && m == 1));
         auto pr = random_f32(size_t(m * lds), 0.f, 1.f, uint32_t(hd * 3 + m + n));
         const int64_t ldo = hd + 2;
         std::vector<float> out(static_cast<size_t>(m * ldo), 5.f), one_out(static_cast<size_t>(hd));

@@ -72,7 +72,7 @@ class CpuBackend final : public Backend {
  private:
   // Prefill attention takes this many consecutive tokens of one head per
   // task, so each K and V row is read once for all of them (attn_*_multi).
-  static constexpr int64_t kPrefillQueries = 4;
+  static constexpr int64_t kPrefillQueries = 16;
   // MLA prefill expands cached latent rows this many at a time.
   static constexpr int64_t kExpandRows = 256;
 

@@ -163,59 +163,96 @@ void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t 
 }  // namespace
 
 namespace {
-// Two rows x M queries per step: each (row, query) keeps attn_scores' own
-// accumulator, chunk order and hsum, so results are bitwise its one-query
-// values; the rows are loaded once for all M queries.
-template <int M>
-void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t ldk, int64_t n,
-                       int64_t hd, float scale, float* scores, int64_t lds) {
-  int64_t t = 0;
-  for (; t + 2 <= n; t += 2) {
-    __m256 a0[M], a1[M];
-#pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
-    const uint16_t* r0 = k + t * ldk;
-    const uint16_t* r1 = r0 + ldk;
-    for (int64_t d = 0; d < hd; d += 8) {
-      const __m256 k0 = load_bf16_part(r0 + d, hd - d), k1 = load_bf16_part(r1 + d, hd - d);
-#pragma GCC unroll 4
-      for (int i = 0; i < M; ++i) {
-        const __m256 qv = load_part(q + i * ldq + d, hd - d);
-        a0[i] = _mm256_fmadd_ps(qv, k0, a0[i]);
-        a1[i] = _mm256_fmadd_ps(qv, k1, a1[i]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < M; ++i) {
-      scores[i * lds + t] = hsum(a0[i]) * scale;
-      scores[i * lds + t + 1] = hsum(a1[i]) * scale;
-    }
-  }
-  if (t < n)
-    for (int i = 0; i < M; ++i)
-      attn_scores(q + i * ldq, k + t * ldk, ldk, n - t, hd, scale, scores + i * lds + t);
+// The multi-query kernels take the rows in blocks: each block of K (then V)
+// is widened to FP32 once into a stack buffer (rows padded with zeros to a
+// multiple of 8 lanes) and then serves every query of the call, so the
+// inner loops are loads and FMAs only. The arithmetic is the one-query
+// kernels' own, term for term.
+constexpr int64_t kBlockFloats = 8192;  // 32 KB: one block stays in L1
+
+inline int64_t padded_dim(int64_t hd) { return (hd + 7) / 8 * 8; }
+// Rows per block for a head of hd (a multiple of 4, at least 4).
+inline int64_t block_rows(int64_t hd) {
+  return std::max<int64_t>(4, kBlockFloats / padded_dim(hd) / 4 * 4);
 }
 
-// Weighted sums of M queries, lanes [d0, d0 + 8C): rows [0, min n) feed all
-// queries from one load, then each finishes its own rows. Every lane sums its
-// terms in order t = 0, 1, ..., one FMA each, as weighted_sum_block does.
+// Rows [0, n) of BF16 x (stride ld, hd values each) -> FP32 rows of hdp
+// floats, zero past hd.
+void widen_rows(const uint16_t* x, int64_t ld, int64_t n, int64_t hd, float* out) {
+  const int64_t hdp = padded_dim(hd);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < hdp; d += 8)
+      _mm256_store_ps(out + t * hdp + d, d + 8 <= hd ? load_bf16(x + t * ld + d)
+                                                     : load_bf16_part(x + t * ld + d, hd - d));
+}
+
+// Four rows' dot-product accumulators (lane l holds the terms d = l mod 8)
+// -> their four hsum() values, each summed in hsum's own tree:
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), so the bits are equal.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  // [a: l_i + l_i+4 | b: ...], [c | d]
+  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  // [a: b0 + b2, b1 + b3, c: ..., | b: ..., d: ...]
+  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  // lanes 0, 2, 4, 6: a, c, b, d summed
+  const __m256 s = _mm256_add_ps(w, _mm256_shuffle_ps(w, w, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
+}
+
+// Scores of M (1 or 2) queries against 4 widened rows kb (stride hdp).
+template <int M>
+inline void scores_tile(const float* q, int64_t ldq, int64_t hd, const float* kb, int64_t hdp,
+                        __m128 scale, float* s, int64_t lds) {
+  __m256 acc[M][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < hdp; d += 8) {
+    __m256 qv[M];
+#pragma GCC unroll 2
+    for (int i = 0; i < M; ++i) qv[i] = load_part(q + i * ldq + d, hd - d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      __m256 kv = _mm256_load_ps(kb + r * hdp + d);
+      // One load per row for both queries (GCC would fold it into each FMA,
+      // loading it M times).
+      asm("" : "+x"(kv));
+#pragma GCC unroll 2
+      for (int i = 0; i < M; ++i) acc[i][r] = _mm256_fmadd_ps(qv[i], kv, acc[i][r]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < M; ++i)
+    _mm_storeu_ps(s + i * lds, _mm_mul_ps(hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]), scale));
+}
+
+// Weighted sums of M queries, lanes [d0, d0 + 8C) (last chunk: `last` lanes),
+// over widened rows [t0, t1) of V (vb holds row t0 first, stride hdp), each
+// query clipped to its own n[i]. out holds the sums over rows before t0 when
+// `accumulate` (stored as FP32 and reloaded: the same bits). Every lane sums
+// its terms in order t = 0, 1, ..., one FMA each, as weighted_sum_block does.
 template <int M, int C>
-void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, const uint16_t* v,
-                              int64_t ldv, int64_t d0, int64_t last, float* out, int64_t ldo) {
+void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, int64_t t0, int64_t t1,
+                              const float* vb, int64_t hdp, int64_t d0, int64_t last, float* out,
+                              int64_t ldo, bool accumulate) {
   __m256 acc[M][C];
-  int64_t n_min = n[0];
+  int64_t n_min = t1;
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
     n_min = std::min(n_min, n[i]);
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc[i][c] = accumulate ? load_part(out + i * ldo + d0 + 8 * c, c == C - 1 ? last : 8)
+                             : _mm256_setzero_ps();
   }
-  for (int64_t t = 0; t < n_min; ++t) {
-    const uint16_t* vt = v + t * ldv + d0;
+  for (int64_t t = t0; t < n_min; ++t) {
+    const float* vt = vb + (t - t0) * hdp + d0;
     __m256 vv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      vv[c] = c == C - 1 ? load_bf16_part(vt + 8 * c, last) : load_bf16(vt + 8 * c);
+    for (int c = 0; c < C; ++c) vv[c] = _mm256_load_ps(vt + 8 * c);
 #pragma GCC unroll 4
     for (int i = 0; i < M; ++i) {
       const __m256 pt = _mm256_broadcast_ss(p + i * ldp + t);
@@ -225,69 +262,91 @@ void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, con
   }
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
-    for (int64_t t = n_min; t < n[i]; ++t) {
+    const int64_t end = std::min(n[i], t1);
+    for (int64_t t = std::max(n_min, t0); t < end; ++t) {
       const __m256 pt = _mm256_broadcast_ss(p + i * ldp + t);
-      const uint16_t* vt = v + t * ldv + d0;
+      const float* vt = vb + (t - t0) * hdp + d0;
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m256 vv = c == C - 1 ? load_bf16_part(vt + 8 * c, last) : load_bf16(vt + 8 * c);
-        acc[i][c] = _mm256_fmadd_ps(pt, vv, acc[i][c]);
-      }
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm256_fmadd_ps(pt, _mm256_load_ps(vt + 8 * c), acc[i][c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
       store_part(out + i * ldo + d0 + 8 * c, acc[i][c], c == C - 1 ? last : 8);
   }
 }
+
+// M queries' sums over rows [t0, t1), every 32-lane block of the head.
+template <int M>
+void weighted_sum_multi_rows(const float* p, int64_t ldp, const int64_t* n, int64_t t0, int64_t t1,
+                             const float* vb, int64_t hd, float* out, int64_t ldo, bool accumulate) {
+  const int64_t hdp = padded_dim(hd);
+  for (int64_t d0 = 0; d0 < hd; d0 += 32) {
+    const int64_t width = std::min<int64_t>(32, hd - d0);
+    const int chunks = int((width + 7) / 8);
+    const int64_t last = width - 8 * (chunks - 1);
+    switch (chunks) {
+      case 1:
+        weighted_sum_multi_block<M, 1>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      case 2:
+        weighted_sum_multi_block<M, 2>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      case 3:
+        weighted_sum_multi_block<M, 3>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      default:
+        weighted_sum_multi_block<M, 4>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+    }
+  }
+}
 }  // namespace
 
 void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
                        int64_t n, int64_t head_dim, float scale, float* scores, int64_t lds) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4)
-    scores_multi_pass<4>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-  switch (m - i) {
-    case 3:
-      scores_multi_pass<3>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    case 2:
-      scores_multi_pass<2>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    case 1:
-      scores_multi_pass<1>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    default:
-      break;
+  // Each (query, row) score is computed on its own, with attn_scores' lanes,
+  // term order and hsum tree: blocking and tiling change no bits.
+  alignas(32) float kb[kBlockFloats];
+  const int64_t hdp = padded_dim(head_dim), rows = block_rows(head_dim);
+  const __m128 sc = _mm_set1_ps(scale);
+  const int64_t n4 = n / 4 * 4;
+  for (int64_t t0 = 0; t0 < n4; t0 += rows) {
+    const int64_t nb = std::min(rows, n4 - t0);
+    widen_rows(k + t0 * ldk, ldk, nb, head_dim, kb);
+    int64_t i = 0;
+    for (; i + 2 <= m; i += 2)
+      for (int64_t t = 0; t < nb; t += 4)
+        scores_tile<2>(q + i * ldq, ldq, head_dim, kb + t * hdp, hdp, sc, scores + i * lds + t0 + t, lds);
+    if (i < m)
+      for (int64_t t = 0; t < nb; t += 4)
+        scores_tile<1>(q + i * ldq, ldq, head_dim, kb + t * hdp, hdp, sc, scores + i * lds + t0 + t, lds);
   }
+  if (n4 < n)
+    for (int64_t i = 0; i < m; ++i)
+      attn_scores(q + i * ldq, k + n4 * ldk, ldk, n - n4, head_dim, scale, scores + i * lds + n4);
 }
 
 void attn_weighted_sum_multi(const float* p, int64_t ldp, const int64_t* n, int64_t m,
                              const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
                              int64_t ldo) {
-  // Two queries x four 8-lane chunks per pass (8 accumulators, 16 registers).
-  int64_t i = 0;
-  for (; i + 2 <= m; i += 2)
-    for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
-      const int64_t width = std::min<int64_t>(32, head_dim - d0);
-      const int chunks = int((width + 7) / 8);
-      const int64_t last = width - 8 * (chunks - 1);
-      float* o = out + i * ldo;
-      switch (chunks) {
-        case 1:
-          weighted_sum_multi_block<2, 1>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
-          break;
-        case 2:
-          weighted_sum_multi_block<2, 2>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
-          break;
-        case 3:
-          weighted_sum_multi_block<2, 3>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
-          break;
-        default:
-          weighted_sum_multi_block<2, 4>(p + i * ldp, ldp, n + i, v, ldv, d0, last, o, ldo);
-          break;
-      }
-    }
-  for (; i < m; ++i) attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
+  // Rows in widened blocks (outer), two queries x four 8-lane chunks per
+  // pass (8 accumulators); partial sums pass through out as FP32.
+  alignas(32) float vb[kBlockFloats];
+  const int64_t rows = block_rows(head_dim);
+  int64_t n_max = 0;
+  for (int64_t i = 0; i < m; ++i) n_max = std::max(n_max, n[i]);
+  // (One pass even with no rows: the sums are then zero.)
+  for (int64_t t0 = 0; t0 == 0 || t0 < n_max; t0 += rows) {
+    const int64_t t1 = std::min(t0 + rows, n_max);
+    widen_rows(v + t0 * ldv, ldv, t1 - t0, head_dim, vb);
+    int64_t i = 0;
+    for (; i + 2 <= m; i += 2)
+      weighted_sum_multi_rows<2>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo, ldo,
+                                 t0 > 0);
+    if (i < m)
+      weighted_sum_multi_rows<1>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo, ldo,
+                                 t0 > 0);
+  }
 }
 
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
