@@ -161,7 +161,8 @@ TEST_P(KernelOpsTest, AttnScores) {
 TEST_P(KernelOpsTest, AttnMultiQueryBitwiseEqualsOneQuery) {
   if (!T().attn_scores_multi || !T().attn_weighted_sum_multi)
     GTEST_SKIP() << "no multi-query kernels";
-  for (int64_t hd : {7, 16, 20, 64, 80, 128})
+  // (192: MLA's expanded heads; 576: wider than the kernels' row buffers.)
+  for (int64_t hd : {7, 16, 20, 64, 80, 128, 192, 576})
     for (int64_t m : {1, 2, 3, 4, 5, 8, 11, 16})
       for (int64_t n : {1, 15, 16, 17, 40, 128, 129, 333, 600}) {
         const int64_t ldk = hd + 5, ldq = hd + 3, lds = n + 7;

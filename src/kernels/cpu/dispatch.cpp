@@ -1,6 +1,9 @@
-// Chooses the kernel table once from cpuid (and KVANT_ISA). The tables are
+// Chooses the kernel table once from cpuid (and KVANT_ISA; where the CPU has
+// AVX512_BF16, also from a short timing of its dot-product instruction). The tables are
 // assembled here, in baseline code, from function pointers only: no SIMD code
 // runs until core/cpu.h has confirmed the CPU (and OS) support its ISA.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -145,13 +148,47 @@ int q4_variants(Q4Variant* out, int max) {
   return n;
 }
 
+namespace {
+// FLOP/s of a table's peak probe, best of five short runs (the first may
+// run before the core's wide units are powered up).
+double probe_rate(const KernelTable& t) {
+  constexpr int64_t kIters = 20000;
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    volatile float sink = t.peak_probe(kIters);
+    (void)sink;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, double(t.peak_flops_per_iter * kIters) / s);
+  }
+  return best;
+}
+
+// Whether the VDPBF16PS GEMM beats widening BF16 to FP32 for FMA. Not on
+// every CPU that has the instruction: on the Intel Xeons measured (Sapphire
+// Rapids class) it does half the FLOPs per second of FP32 FMA, and prefill
+// ran 1.4x faster on the FMA kernels. The BF16 kernel skips the widening,
+// so it is chosen when its instruction is at least as fast in FLOPs.
+bool dpbf16_pays() {
+  const KernelTable* bf = table_for(Isa::Avx512Bf16);
+  const KernelTable* fma = table_for(Isa::Avx512);
+  if (!bf || !fma) return false;
+  const double r_fma = probe_rate(*fma), r_bf = probe_rate(*bf);
+  return r_bf >= r_fma;
+}
+}  // namespace
+
 const KernelTable& active() {
   static const KernelTable* t = [] {
     const char* env = std::getenv("KVANT_ISA");
+    const bool any = !env || !*env;
     const Isa order[] = {Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Scalar};
     for (Isa isa : order) {
-      if (env && *env && std::strcmp(env, isa_name(isa)) != 0) continue;
-      if (auto* p = table_for(isa)) return p;
+      if (!any && std::strcmp(env, isa_name(isa)) != 0) continue;
+      auto* p = table_for(isa);
+      // Left to choose, the BF16 dot-product table must also be the faster one.
+      if (p && any && isa == Isa::Avx512Bf16 && !dpbf16_pays()) continue;
+      if (p) return p;
     }
     return table_for(Isa::Scalar);
   }();

@@ -274,6 +274,8 @@ struct Q4Variant {
 int q4_variants(Q4Variant* out, int max);
 
 // The table for this machine; KVANT_ISA=scalar|avx2|avx512|avx512bf16 narrows the choice.
+// Unset, a CPU with AVX512_BF16 gets avx512bf16 only where VDPBF16PS does at
+// least the FLOPs per second of FP32 FMA (timed once at first use), else avx512.
 const KernelTable& active();
 // The table for one ISA, or nullptr when this CPU cannot run it (for tests).
 const KernelTable* table_for(Isa isa);
