@@ -204,28 +204,53 @@ void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t 
 }  // namespace
 
 namespace {
-// Up to four queries per pass over the rows: the K rows of a pair are loaded
-// once and feed every query's own accumulators; each query's sums follow
-// attn_scores exactly (same chunk order, same tree), so results are bitwise
-// its one-query values.
-template <int M>
-void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t ldk, int64_t n,
+// The multi-query kernels take the rows in blocks: each block of K (then V)
+// is widened to FP32 once into a stack buffer (rows padded with zeros to a
+// multiple of 16 lanes) and then serves every query of the call, so the
+// inner loops are loads, FMAs and the reduction tree. The arithmetic is the
+// one-query kernels' own, term for term (a padded zero is what the masked
+// BF16 load gives).
+constexpr int64_t kBlockFloats = 8192;  // 32 KB: one block stays in L1
+
+inline int64_t padded_dim(int64_t hd) { return (hd + 15) / 16 * 16; }
+// Rows per block for a head of hd (a multiple of 16); 0: the head is too
+// wide for the buffer (over 512), and the rows are read as BF16 directly.
+inline int64_t block_rows(int64_t hd) { return kBlockFloats / padded_dim(hd) / 16 * 16; }
+
+// Rows [0, n) of BF16 x (stride ld, hd values each) -> FP32 rows of hdp
+// floats, zero past hd.
+void widen_rows(const uint16_t* x, int64_t ld, int64_t n, int64_t hd, float* out) {
+  const int64_t hdp = padded_dim(hd);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < hdp; d += 16)
+      _mm512_store_ps(out + t * hdp + d, maskz_load_bf16(mask16(hd - d), x + t * ld + d));
+}
+
+inline __m512 load_row(__mmask16 m, const uint16_t* r) { return maskz_load_bf16(m, r); }
+inline __m512 load_row(__mmask16, const float* r) { return _mm512_load_ps(r); }
+
+// Scores of M (up to four) queries against rows [0, n), n a multiple of 16,
+// row t at k + t * ldk (BF16 rows, or widened FP32 ones): the rows of a pair
+// are loaded once and feed every query's own accumulators; each query's sums
+// follow attn_scores exactly (same chunk order, same tree), so results are
+// bitwise its one-query values.
+template <int M, typename Row>
+void scores_multi_pass(const float* q, int64_t ldq, const Row* k, int64_t ldk, int64_t n,
                        int64_t hd, float scale, float* scores, int64_t lds) {
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __m512 sc = _mm512_set1_ps(scale);
-  int64_t t = 0;
-  for (; t + 16 <= n; t += 16) {
+  for (int64_t t = 0; t + 16 <= n; t += 16) {
     __m512 b_even[M], c_even[M], d_first[M], e[M];
 #pragma GCC unroll 8
     for (int pr = 0; pr < 8; ++pr) {
       __m512 acc0[M], acc1[M];
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
-      const uint16_t* r0 = k + (t + 2 * pr) * ldk;
-      const uint16_t* r1 = r0 + ldk;
+      const Row* r0 = k + (t + 2 * pr) * ldk;
+      const Row* r1 = r0 + ldk;
       for (int64_t d = 0; d < hd; d += 16) {
         const __mmask16 m = mask16(hd - d);
-        const __m512 k0 = maskz_load_bf16(m, r0 + d), k1 = maskz_load_bf16(m, r1 + d);
+        const __m512 k0 = load_row(m, r0 + d), k1 = load_row(m, r1 + d);
 #pragma GCC unroll 4
         for (int i = 0; i < M; ++i) {
           const __m512 qv = _mm512_maskz_loadu_ps(m, q + i * ldq + d);
@@ -257,33 +282,56 @@ void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t l
       _mm512_storeu_ps(scores + i * lds + t,
                        _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[i]), sc));
   }
-  // The tail (fewer than 16 rows): attn_scores' own paths, per query.
-  if (t < n)
-    for (int i = 0; i < M; ++i)
-      attn_scores(q + i * ldq, k + t * ldk, ldk, n - t, hd, scale, scores + i * lds + t);
 }
 
-// Weighted sums of M queries over the same V rows, d in [d0, d0 + 16C):
-// rows [0, min n) feed all queries from one load, then each query finishes
-// its own rows; every query's accumulator sees its terms in order t = 0, 1,
-// ..., one FMA each, as in weighted_sum_block.
+// All m queries against rows [0, n) (n a multiple of 16), four at a time.
+template <typename Row>
+void scores_multi_rows(const float* q, int64_t ldq, int64_t m, const Row* k, int64_t ldk, int64_t n,
+                       int64_t hd, float scale, float* scores, int64_t lds) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4)
+    scores_multi_pass<4>(q + i * ldq, ldq, k, ldk, n, hd, scale, scores + i * lds, lds);
+  switch (m - i) {
+    case 3:
+      scores_multi_pass<3>(q + i * ldq, ldq, k, ldk, n, hd, scale, scores + i * lds, lds);
+      break;
+    case 2:
+      scores_multi_pass<2>(q + i * ldq, ldq, k, ldk, n, hd, scale, scores + i * lds, lds);
+      break;
+    case 1:
+      scores_multi_pass<1>(q + i * ldq, ldq, k, ldk, n, hd, scale, scores + i * lds, lds);
+      break;
+    default:
+      break;
+  }
+}
+
+// Weighted sums of M queries, lanes [d0, d0 + 16C) (last chunk: `last`
+// lanes), over widened rows [t0, t1) of V (vb holds row t0 first, stride
+// hdp), each query clipped to its own n[i]. out holds the sums over rows
+// before t0 when `accumulate` (stored as FP32 and reloaded: the same bits).
+// Every lane sums its terms in order t = 0, 1, ..., one FMA each, as
+// weighted_sum_block does.
 template <int M, int C>
-void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, const uint16_t* v,
-                              int64_t ldv, int64_t d0, __mmask16 last, float* out, int64_t ldo) {
+void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, int64_t t0, int64_t t1,
+                              const float* vb, int64_t hdp, int64_t d0, __mmask16 last, float* out,
+                              int64_t ldo, bool accumulate) {
   __m512 acc[M][C];
-  int64_t n_min = n[0];
+  int64_t n_min = t1;
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
     n_min = std::min(n_min, n[i]);
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc[i][c] = accumulate ? _mm512_maskz_loadu_ps(c == C - 1 ? last : __mmask16(0xffff),
+                                                     out + i * ldo + d0 + 16 * c)
+                             : _mm512_setzero_ps();
   }
-  for (int64_t t = 0; t < n_min; ++t) {
-    const uint16_t* vt = v + t * ldv + d0;
+  for (int64_t t = t0; t < n_min; ++t) {
+    const float* vt = vb + (t - t0) * hdp + d0;
     __m512 vv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      vv[c] = c == C - 1 ? maskz_load_bf16(last, vt + 16 * c) : load_bf16(vt + 16 * c);
+    for (int c = 0; c < C; ++c) vv[c] = _mm512_load_ps(vt + 16 * c);
 #pragma GCC unroll 4
     for (int i = 0; i < M; ++i) {
       const __m512 pt = _mm512_set1_ps(p[i * ldp + t]);
@@ -293,14 +341,13 @@ void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, con
   }
 #pragma GCC unroll 4
   for (int i = 0; i < M; ++i) {
-    for (int64_t t = n_min; t < n[i]; ++t) {
+    const int64_t end = std::min(n[i], t1);
+    for (int64_t t = std::max(n_min, t0); t < end; ++t) {
       const __m512 pt = _mm512_set1_ps(p[i * ldp + t]);
-      const uint16_t* vt = v + t * ldv + d0;
+      const float* vt = vb + (t - t0) * hdp + d0;
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m512 vv = c == C - 1 ? maskz_load_bf16(last, vt + 16 * c) : load_bf16(vt + 16 * c);
-        acc[i][c] = _mm512_fmadd_ps(pt, vv, acc[i][c]);
-      }
+      for (int c = 0; c < C; ++c)
+        acc[i][c] = _mm512_fmadd_ps(pt, _mm512_load_ps(vt + 16 * c), acc[i][c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c)
@@ -308,43 +355,95 @@ void weighted_sum_multi_block(const float* p, int64_t ldp, const int64_t* n, con
                             acc[i][c]);
   }
 }
+
+// M queries' sums over rows [t0, t1), every 64-lane block of the head.
+template <int M>
+void weighted_sum_multi_rows(const float* p, int64_t ldp, const int64_t* n, int64_t t0, int64_t t1,
+                             const float* vb, int64_t hd, float* out, int64_t ldo, bool accumulate) {
+  const int64_t hdp = padded_dim(hd);
+  for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+    const int64_t width = std::min<int64_t>(64, hd - d0);
+    const int chunks = int((width + 15) / 16);
+    const __mmask16 last = mask16(width - 16 * (chunks - 1));
+    switch (chunks) {
+      case 1:
+        weighted_sum_multi_block<M, 1>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      case 2:
+        weighted_sum_multi_block<M, 2>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      case 3:
+        weighted_sum_multi_block<M, 3>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+      default:
+        weighted_sum_multi_block<M, 4>(p, ldp, n, t0, t1, vb, hdp, d0, last, out, ldo, accumulate);
+        break;
+    }
+  }
+}
 }  // namespace
 
 void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,
                        int64_t n, int64_t head_dim, float scale, float* scores, int64_t lds) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4)
-    scores_multi_pass<4>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-  switch (m - i) {
-    case 3:
-      scores_multi_pass<3>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    case 2:
-      scores_multi_pass<2>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    case 1:
-      scores_multi_pass<1>(q + i * ldq, ldq, k, ldk, n, head_dim, scale, scores + i * lds, lds);
-      break;
-    default:
-      break;
+  const int64_t n16 = n / 16 * 16, rows = block_rows(head_dim);
+  if (rows == 0) {
+    scores_multi_rows(q, ldq, m, k, ldk, n16, head_dim, scale, scores, lds);
+  } else {
+    alignas(64) float kb[kBlockFloats];
+    const int64_t hdp = padded_dim(head_dim);
+    for (int64_t t0 = 0; t0 < n16; t0 += rows) {
+      const int64_t nb = std::min(rows, n16 - t0);
+      widen_rows(k + t0 * ldk, ldk, nb, head_dim, kb);
+      scores_multi_rows(q, ldq, m, static_cast<const float*>(kb), hdp, nb, head_dim, scale,
+                        scores + t0, lds);
+    }
   }
+  // The tail (fewer than 16 rows): attn_scores' own paths, per query.
+  if (n16 < n)
+    for (int64_t i = 0; i < m; ++i)
+      attn_scores(q + i * ldq, k + n16 * ldk, ldk, n - n16, head_dim, scale, scores + i * lds + n16);
 }
 
 void attn_weighted_sum_multi(const float* p, int64_t ldp, const int64_t* n, int64_t m,
                              const uint16_t* v, int64_t ldv, int64_t head_dim, float* out,
                              int64_t ldo) {
-  // Four queries x four 16-lane chunks per pass (16 accumulators); head dims
-  // other than 64 take the one-query kernel per query.
-  if (head_dim != 64) {
+  // Rows in widened blocks (outer), four queries x four 16-lane chunks per
+  // pass (16 accumulators); partial sums pass through out as FP32. Heads too
+  // wide for the buffer take the one-query kernel per query.
+  const int64_t rows = block_rows(head_dim);
+  if (rows == 0) {
     for (int64_t i = 0; i < m; ++i)
       attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
     return;
   }
-  const __mmask16 full = 0xffff;
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4)
-    weighted_sum_multi_block<4, 4>(p + i * ldp, ldp, n + i, v, ldv, 0, full, out + i * ldo, ldo);
-  for (; i < m; ++i) attn_weighted_sum(p + i * ldp, v, ldv, n[i], head_dim, out + i * ldo);
+  alignas(64) float vb[kBlockFloats];
+  int64_t n_max = 0;
+  for (int64_t i = 0; i < m; ++i) n_max = std::max(n_max, n[i]);
+  // (One pass even with no rows: the sums are then zero.)
+  for (int64_t t0 = 0; t0 == 0 || t0 < n_max; t0 += rows) {
+    const int64_t t1 = std::min(t0 + rows, n_max);
+    widen_rows(v + t0 * ldv, ldv, t1 - t0, head_dim, vb);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4)
+      weighted_sum_multi_rows<4>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo, ldo,
+                                 t0 > 0);
+    switch (m - i) {
+      case 3:
+        weighted_sum_multi_rows<3>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo,
+                                   ldo, t0 > 0);
+        break;
+      case 2:
+        weighted_sum_multi_rows<2>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo,
+                                   ldo, t0 > 0);
+        break;
+      case 1:
+        weighted_sum_multi_rows<1>(p + i * ldp, ldp, n + i, t0, t1, vb, head_dim, out + i * ldo,
+                                   ldo, t0 > 0);
+        break;
+      default:
+        break;
+    }
+  }
 }
 
 void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n, int64_t head_dim,
