@@ -6,8 +6,9 @@
 # fetches or builds is committed: sources and binaries go to build-llamacpp/,
 # the BF16 model to models/, the JSON to bench/out/ (all git-ignored).
 #
-# usage: bench/llama_cpp.sh [build|run|batched|kl|all]   (default all; kl: weight-quantization
-#        accuracy, see kl() below; batched: llama-batched-bench, see batched() below)
+# usage: bench/llama_cpp.sh [build|run|batched|kl|server|serve|all]   (default all; kl:
+#        weight-quantization accuracy, see kl() below; batched: llama-batched-bench, see
+#        batched() below; server builds llama-server, serve measures it over HTTP, see serve())
 #   JOBS=2 bench/llama_cpp.sh    build with 2 jobs (default 1: the machine is shared)
 #   THREADS=2 PP=512 TG=128      llama-bench settings
 set -euo pipefail
@@ -90,6 +91,45 @@ PY
   echo "wrote $json"
 }
 
+# llama-server from the same sources (its own target, configured on demand so
+# that the default build stays short).
+server() {
+  [[ -d "$src/vendor/llama.cpp" ]] || build
+  cmake -S "$src/vendor/llama.cpp" -B "$work/build" -DLLAMA_BUILD_SERVER=ON >>"$work/cmake.log"
+  nice -n 10 ninja -C "$work/build" -j "$jobs" llama-server
+}
+
+# HTTP serving on llama.cpp's side: llama-server with NP slots (continuous
+# batching, each slot NPP + NTG tokens of context) on 127.0.0.1:PORT, driven
+# by the same client as kvant serve: `kvant bench serve` (streaming
+# /v1/completions, random prompt ids, exactly NTG tokens with ignore_eos).
+serve() {
+  [[ -x "$bin/llama-server" ]] || { echo "llama-server not built; run '$0 server' first" >&2; exit 1; }
+  [[ -x "$root/build/kvant" ]] || { echo "build kvant first (scripts/build.sh)" >&2; exit 1; }
+  [[ -f "$bf16" ]] || "$bin/llama-quantize" --allow-requantize "$q4" "$bf16" BF16 >/dev/null
+  local port="${PORT:-18181}" np="${NP:-64}" npp="${NPP:-128}" ntg="${NTG:-64}"
+  local conc="${CONC:-1,8,32,64}" rpc="${RPC:-2}"
+  mkdir -p "$out"
+  "$bin/llama-server" -m "$bf16" -t "$threads" -tb "$threads" -np "$np" \
+    -c $(( np * (npp + ntg + 16) )) --host 127.0.0.1 --port "$port" >"$work/server.log" 2>&1 &
+  local pid=$!
+  trap "kill $pid 2>/dev/null; wait $pid 2>/dev/null" EXIT
+  python3 - "$port" <<'PY'
+import sys, time, urllib.request
+for _ in range(240):
+    try:
+        if urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status == 200:
+            sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.5)
+sys.exit("llama-server did not come up in 120 s (see build-llamacpp/server.log)")
+PY
+  "$root/build/kvant" bench serve --url "http://127.0.0.1:$port" --concurrency "$conc" \
+    --prompt-tokens "$npp" --gen-tokens "$ntg" --requests-per-client "$rpc" \
+    --out "$out/llama_server_smollm2_bf16_t${threads}.json"
+}
+
 # Weight-quantization accuracy on llama.cpp's side: a BF16 GGUF of each model
 # (SmolLM2 and Gemma 3 270M; both sources are 4-bit GGUFs, so "BF16" means
 # their dequantized weights), requantized to Q4_0 and Q4_K_M, scored by
@@ -129,6 +169,8 @@ case "$stage" in
   run) run ;;
   kl) kl ;;
   batched) batched ;;
+  server) server ;;
+  serve) serve ;;
   all) build; run ;;
-  *) echo "usage: $0 [build|run|batched|kl|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [build|run|batched|kl|server|serve|all]" >&2; exit 2 ;;
 esac

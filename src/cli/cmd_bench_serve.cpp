@@ -57,7 +57,8 @@ struct Sample {
   bool ok = false;
   std::string error;
   double e2e = 0, ttft = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  // from the final usage object
+  int64_t events = 0;  // streamed chunks with text
   std::vector<double> itl;
 };
 
@@ -129,11 +130,15 @@ Sample one_request(const Target& t, const ServeBenchOpts& o, const std::string& 
             s.itl.push_back(secs(last, now));
           first = false;
           last = now;
+          ++s.events;
         }
       }
       if (ec) break;
     }
     s.e2e = secs(t0, Clock::now());
+    // A server that sends no usage object (stream_options not read): one
+    // token per streamed chunk, as llama-server and kvant stream them.
+    if (s.tokens == 0) s.tokens = s.events;
     s.ok = done;
     if (!done) s.error = "the stream ended without [DONE]";
   } catch (const std::exception& e) {

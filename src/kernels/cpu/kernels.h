@@ -221,8 +221,9 @@ struct KernelTable {
   // ISAs; a token's score still never depends on n, t or other tokens. The
   // weighted sum is bitwise equal across ISAs for every element type. Every K
   // and V row is read once per call for all heads of the group (SIMD ISAs:
-  // of up to 4 or 8 heads). n_tokens == 0 gives out = 0. FP8 NaN codes decode
-  // to NaN.
+  // of up to 4 or 8 heads). A head's result does not depend on `group` or on
+  // the heads beside it, so callers may split a group across calls.
+  // n_tokens == 0 gives out = 0. FP8 NaN codes decode to NaN.
   void (*paged_attn_decode)(const float* q, int64_t group, int64_t head_dim, float scale,
                             const PagedKv& kv, float* scratch, float* out) = nullptr;
 
