@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "kvcache/kv_codec.h"
 #include "kvcache/kv_layout.h"
 #include "kvcache/kv_view.h"
@@ -460,6 +461,50 @@ TEST_P(BackendOps, DecodeAttention) {
       }
     }
   }
+}
+
+// Splitting one long context's decode attention over threads (scores by page
+// ranges, the weighted sum by head_dim ranges) gives the unsplit bits: with
+// one sequence or several of different lengths, every KV format.
+TEST_P(BackendOps, DecodeAttentionSplitIsBitwiseUnsplit) {
+  auto* cpu = dynamic_cast<CpuBackend*>(be_.get());
+  if (!cpu) GTEST_SKIP() << "not a CPU backend";
+  for (const KvCase& kc : kv_cases()) {
+    const int64_t ctx = 11 * kc.page_tokens + 2;  // 12 pages
+    Pages pg = make_pages(kc, 12);
+    fill_history(*ref_, pg, ctx, 1, 61);
+    const int64_t heads = kc.shared ? 6 : 4, group = heads / kc.kv_heads, hd = kc.head_dim;
+    for (const std::vector<ChunkSpec>& cs :
+         {std::vector<ChunkSpec>{{ctx - 1, 1, true}},
+          std::vector<ChunkSpec>{{ctx - 1, 1, true}, {2, 1, true}, {kc.page_tokens * 4, 1, true}}}) {
+      const int64_t rows = int64_t(cs.size());
+      std::vector<const KvSpan*> spans(cs.size(), &pg.span);
+      Mat q = random_mat(rows, heads * hd, 67);
+      auto run = [&](bool split, int64_t block) {
+        StepPlan plan = make_plan(spans, cs);
+        Mat out(rows, heads * hd);
+        DecodeAttn d;
+        d.layer = 1;
+        d.q = q.view();
+        d.out = out.view();
+        d.heads = heads;
+        d.kv_heads = kc.kv_heads;
+        d.head_dim = hd;
+        d.head_block = block;
+        d.scale = 0.3f;
+        cpu->tune_decode_split(split ? 1 : 0, kc.page_tokens * 2, split);
+        cpu->begin_step(plan);
+        cpu->attention_decode(plan, d);
+        return out;
+      };
+      for (int64_t block : {group, int64_t(1)}) {
+        const Mat want = run(false, block), got = run(true, block);
+        ASSERT_EQ(0, std::memcmp(got.v.data(), want.v.data(), want.v.size() * 4))
+            << kc.name() << " sequences " << rows << " head block " << block;
+      }
+    }
+  }
+  cpu->tune_decode_split(0, 256, false);
 }
 
 TEST_P(BackendOps, PrefillAttention) {

@@ -254,6 +254,54 @@ TEST_P(PagedAttnTest, HeadsIndependentOfGroup) {
       }
 }
 
+// The three passes, taken apart as the backend does when it splits one long
+// context over threads (scores page-aligned part by part into a wider scratch
+// row, probabilities per head, the sum over d ranges split at multiples of
+// 32), give paged_attn_decode's bits. NaN codes included (e4m3).
+TEST_P(PagedAttnTest, PassesSplitEqualDecode) {
+  uint32_t seed = 1300;
+  for (int64_t hd : {64, 80, 96, 128, 576})
+    for (const Mode& mode : kModes)
+      for (const Case& c : kCases) {
+        const bool shared = hd == 576;
+        Pages pg(mode.elem, mode.scales, hd, c.page_tokens, c.n, shared, ++seed, 3);
+        if (mode.elem == KvDType::kFp8E4m3 && c.n > 3) {  // a NaN code in K and one in V
+          const_cast<uint8_t*>(pg.krow(c.n / 2))[hd / 3] = 0x7f;
+          if (!shared) const_cast<uint8_t*>(pg.vrow(c.n / 3))[hd - 1] = 0xff;
+        }
+        const auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
+        const float scale = 1.f / std::sqrt(float(hd));
+        std::vector<float> want(size_t(c.group * hd)), got(want.size(), 7.f);
+        std::vector<float> s_want(size_t(c.group * c.n));
+        T().paged_attn_decode(q.data(), c.group, hd, scale, pg.view, s_want.data(), want.data());
+        // Scores in parts of a few pages each, rows of lds > n floats.
+        const int64_t lds = c.n + 5, pt = c.page_tokens;
+        std::vector<float> s(size_t(c.group * lds), -3.f);
+        const int64_t part_pages = 1 + int64_t(seed % 3);
+        for (int64_t p0 = 0; p0 * pt < c.n; p0 += part_pages) {
+          PagedKv part = pg.view;
+          part.k_pages += p0;
+          part.v_pages += p0;
+          if (part.k_scales) part.k_scales += p0, part.v_scales += p0;
+          part.n_tokens = std::min(c.n - p0 * pt, part_pages * pt);
+          T().paged_attn_scores(q.data(), c.group, hd, scale, part, s.data() + p0 * pt, lds);
+        }
+        for (int64_t h = 0; h < c.group; ++h) T().paged_attn_probs(s.data() + h * lds, lds, 1, pg.view);
+        for (int64_t d0 = 0; d0 < hd; d0 += 32)
+          T().paged_attn_wsum(s.data(), lds, c.group, hd, pg.view, d0, std::min<int64_t>(d0 + 32, hd),
+                              got.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4))
+            << mode.name << " hd=" << hd << " page=" << pt << " n=" << c.n << " group=" << c.group;
+        // And whole: one call each.
+        std::vector<float> s2(size_t(c.group * c.n)), got2(want.size(), 7.f);
+        T().paged_attn_scores(q.data(), c.group, hd, scale, pg.view, s2.data(), c.n);
+        T().paged_attn_probs(s2.data(), c.n, c.group, pg.view);
+        T().paged_attn_wsum(s2.data(), c.n, c.group, hd, pg.view, 0, hd, got2.data());
+        ASSERT_EQ(0, std::memcmp(got2.data(), want.data(), want.size() * 4))
+            << "whole: " << mode.name << " hd=" << hd << " n=" << c.n << " group=" << c.group;
+      }
+}
+
 // A head too wide for the SIMD kernels' stack copy of q (8192 floats) takes
 // their plain path.
 TEST_P(PagedAttnTest, VeryWideHeadMatchesReference) {

@@ -139,6 +139,53 @@ void CpuBackend::kv_gather(const StepPlan& plan, int64_t l, CF32 k_new, CF32 v_n
   });
 }
 
+namespace {
+// Page pointers of decode task (chunk c, KV head kvh) in layer l, and the
+// PagedKv over them. Arrays kp, vp, ksp, vsp of at least the task's pointer
+// count; point(p, j) aims entry p at position j's rows.
+struct DecodeView {
+  const StepChunk& c;
+  const KvFormat& f;
+  int64_t l, kvh, hd;
+  const uint8_t** kp;
+  const uint8_t** vp;
+  const uint16_t** ksp;
+  const uint16_t** vsp;
+
+  void point(int64_t p, int64_t j) const {
+    const uint8_t* page = layer_page(*c.kv, j, l);
+    const int64_t slot = j % f.page_tokens, eb = f.elem_bytes();
+    kp[p] = page + f.k_offset + slot * f.row_bytes() + kvh * hd * eb;
+    vp[p] = page + f.v_offset + slot * f.row_bytes() + kvh * hd * eb;
+    if (f.dynamic_scales) {
+      ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot * f.kv_heads + kvh;
+      vsp[p] = reinterpret_cast<const uint16_t*>(page + f.v_scale_offset) + slot * f.kv_heads + kvh;
+    }
+  }
+  // n tokens from the pointers' entry 0, page_tokens per entry.
+  kernels::PagedKv kv(int64_t n, int64_t page_tokens) const {
+    kernels::PagedKv v;
+    const bool shared = f.shared_kv();
+    v.elem = f.elem;
+    v.scale_stride = f.kv_heads;
+    v.token_stride = f.row_bytes();
+    if (!f.dynamic_scales && f.elem != KvDType::kBf16) {
+      v.k_scale = f.static_k[size_t(l * f.kv_heads + kvh)];
+      v.v_scale = shared ? v.k_scale : f.static_v[size_t(l * f.kv_heads + kvh)];
+    }
+    v.k_pages = kp;
+    v.v_pages = shared ? kp : vp;  // MLA: the same row is K and V
+    if (f.dynamic_scales) {
+      v.k_scales = ksp;
+      v.v_scales = shared ? ksp : vsp;
+    }
+    v.page_tokens = page_tokens;
+    v.n_tokens = n;
+    return v;
+  }
+};
+}  // namespace
+
 void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
   const int64_t Td = int64_t(plan.decode_chunks.size());
   if (Td == 0) return;
@@ -152,6 +199,7 @@ void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
           decode_tasks_.push_back({d, kvh, kvh * group + b, std::min(blk, group - b)});
     std::copy(key, key + 4, decode_key_);
   }
+  if (decode_split_applies(plan, a)) return attention_decode_split(plan, a);
   ensure_attention(std::max(blk, kPrefillQueries), plan.max_ctx,
                    std::max(plan.max_pages, plan.max_ctx));
   const int64_t l = a.layer, n_tasks = int64_t(decode_tasks_.size());
@@ -162,37 +210,19 @@ void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
     const DecodeTask& task = decode_tasks_[size_t(w)];
     const StepChunk& c = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])];
     const KvFormat& f = *c.kv->format;
-    const bool shared = f.shared_kv();
     const int64_t pos = c.pos0;  // the single token's position
-    const int64_t eb = f.elem_bytes(), kvh = task.kvh, pt = f.page_tokens;
+    const int64_t pt = f.page_tokens;
     const uint8_t** kp = ptrs_for(tid);
     const uint8_t** vp = kp + pages_;
     const uint16_t** ksp = reinterpret_cast<const uint16_t**>(vp + pages_);
     const uint16_t** vsp = ksp + pages_;
+    const DecodeView view{c, f, l, task.kvh, hd, kp, vp, ksp, vsp};
     kernels::PagedKv kv;
-    kv.elem = f.elem;
-    kv.scale_stride = f.kv_heads;
-    kv.token_stride = f.row_bytes();
-    if (!f.dynamic_scales && f.elem != KvDType::kBf16) {
-      kv.k_scale = f.static_k[size_t(l * f.kv_heads + kvh)];
-      kv.v_scale = shared ? kv.k_scale : f.static_v[size_t(l * f.kv_heads + kvh)];
-    }
-    auto point = [&](int64_t p, int64_t j) {  // pointer p at position j's rows
-      const uint8_t* page = layer_page(*c.kv, j, l);
-      const int64_t slot = j % pt;
-      kp[p] = page + f.k_offset + slot * f.row_bytes() + kvh * hd * eb;
-      vp[p] = page + f.v_offset + slot * f.row_bytes() + kvh * hd * eb;
-      if (f.dynamic_scales) {
-        ksp[p] = reinterpret_cast<const uint16_t*>(page + f.k_scale_offset) + slot * f.kv_heads + kvh;
-        vsp[p] = reinterpret_cast<const uint16_t*>(page + f.v_scale_offset) + slot * f.kv_heads + kvh;
-      }
-    };
     if (a.topk > 0 && a.sparse[c.t0]) {
       // Only the indexer's choice: one pointer per chosen token.
       const int32_t* sel = a.sel + c.t0 * a.topk;
-      for (int64_t p = 0; p < a.topk; ++p) point(p, sel[p]);
-      kv.page_tokens = 1;
-      kv.n_tokens = a.topk;
+      for (int64_t p = 0; p < a.topk; ++p) view.point(p, sel[p]);
+      kv = view.kv(a.topk, 1);
     } else {
       const int64_t j0 = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
       const int64_t n = pos - j0 + 1;
@@ -200,19 +230,109 @@ void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
       // page: one pointer per token (page_tokens = 1).
       const bool per_token = j0 % pt != 0;
       const int64_t np = per_token ? n : (n + pt - 1) / pt;
-      for (int64_t p = 0; p < np; ++p) point(p, per_token ? j0 + p : j0 + p * pt);
-      kv.page_tokens = per_token ? 1 : pt;
-      kv.n_tokens = n;
-    }
-    kv.k_pages = kp;
-    kv.v_pages = shared ? kp : vp;  // MLA: the same row is K and V
-    if (f.dynamic_scales) {
-      kv.k_scales = ksp;
-      kv.v_scales = shared ? ksp : vsp;
+      for (int64_t p = 0; p < np; ++p) view.point(p, per_token ? j0 + p : j0 + p * pt);
+      kv = view.kv(n, per_token ? 1 : pt);
     }
     const int64_t r = a.rows_by_token ? c.t0 : task.d;
     K_.paged_attn_decode(a.q.row(r) + task.h0 * hd, task.nh, hd, a.scale, kv, scores_for(tid),
                          a.out.row(r) + task.h0 * hd);
+  }
+}
+
+bool CpuBackend::decode_split_applies(const StepPlan& plan, const DecodeAttn& a) const {
+  if (split_min_ctx_ <= 0 || a.topk > 0 || a.window > 0) return false;
+  int64_t longest = 0;
+  for (int64_t ci : plan.decode_chunks) longest = std::max(longest, plan.chunks[size_t(ci)].pos0 + 1);
+  if (longest < split_min_ctx_) return false;
+  const int nt = threads();
+  return split_force_ || (nt > 1 && int64_t(decode_tasks_.size()) < 2 * int64_t(nt));
+}
+
+// Three passes over every task, each split into units the threads share:
+// scores by page ranges, probabilities by head, weighted sums by head_dim
+// ranges of 32. The kernels' contract makes the result bitwise
+// paged_attn_decode's, so whether a step splits changes no output.
+void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& a) {
+  const int64_t hd = a.head_dim, l = a.layer, n_tasks = int64_t(decode_tasks_.size());
+  const int nt = threads();
+  split_tasks_.clear();
+  int64_t s_total = 0, p_total = 0, tokens = 0;
+  for (const DecodeTask& task : decode_tasks_) {
+    const StepChunk& c = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])];
+    const int64_t n = c.pos0 + 1, pt = c.kv->format->page_tokens, np = (n + pt - 1) / pt;
+    const int64_t lds = (n + 15) / 16 * 16;
+    split_tasks_.push_back({n, np, lds, s_total, p_total});
+    s_total += task.nh * lds;
+    p_total += 4 * np;
+    tokens += n;
+  }
+  if (int64_t(split_scores_.size()) < s_total) split_scores_ = AlignedBuffer<float>(size_t(s_total));
+  if (int64_t(split_ptrs_.size()) < p_total) split_ptrs_ = AlignedBuffer<const uint8_t*>(size_t(p_total));
+  // About 8 score ranges per thread over the whole step, none shorter than
+  // split_min_part_ tokens; head_dim in ranges of 32.
+  const int64_t part = std::max<int64_t>(split_min_part_, tokens / (8 * int64_t(nt)) + 1);
+  for (auto& u : split_units_) u.clear();
+  for (int64_t w = 0; w < n_tasks; ++w) {
+    const SplitTask& st = split_tasks_[size_t(w)];
+    const DecodeTask& task = decode_tasks_[size_t(w)];
+    const int64_t pt = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])].kv->format->page_tokens;
+    const int64_t step = std::max<int64_t>(1, (part + pt - 1) / pt);
+    for (int64_t p0 = 0; p0 < st.np; p0 += step)
+      split_units_[0].push_back({w, p0, std::min(st.np, p0 + step)});
+    for (int64_t h = 0; h < task.nh; ++h) split_units_[1].push_back({w, h, h + 1});
+    for (int64_t d0 = 0; d0 < hd; d0 += 32) split_units_[2].push_back({w, d0, std::min(hd, d0 + 32)});
+  }
+  auto view_of = [&](int64_t w) {
+    const DecodeTask& task = decode_tasks_[size_t(w)];
+    const SplitTask& st = split_tasks_[size_t(w)];
+    const StepChunk& c = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])];
+    const uint8_t** kp = split_ptrs_.data() + st.p_off;
+    const uint8_t** vp = kp + st.np;
+    const uint16_t** ksp = reinterpret_cast<const uint16_t**>(vp + st.np);
+    const uint16_t** vsp = ksp + st.np;
+    return DecodeView{c, *c.kv->format, l, task.kvh, hd, kp, vp, ksp, vsp};
+  };
+  auto row_of = [&](int64_t w) {
+    const DecodeTask& task = decode_tasks_[size_t(w)];
+    return a.rows_by_token ? plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])].t0 : task.d;
+  };
+  const int64_t n0 = int64_t(split_units_[0].size()), n1 = int64_t(split_units_[1].size()),
+                n2 = int64_t(split_units_[2].size());
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n0; ++u) {
+      const SplitUnit& su = split_units_[0][size_t(u)];
+      const DecodeTask& task = decode_tasks_[size_t(su.task)];
+      const SplitTask& st = split_tasks_[size_t(su.task)];
+      const DecodeView v = view_of(su.task);
+      const int64_t pt = v.f.page_tokens;
+      for (int64_t p = su.a0; p < su.a1; ++p) v.point(p, p * pt);
+      // The view of pages [a0, a1): pointer arrays from entry a0.
+      const DecodeView part_v{v.c, v.f, l, v.kvh, hd, v.kp + su.a0, v.vp + su.a0, v.ksp + su.a0,
+                              v.vsp + su.a0};
+      const int64_t t0 = su.a0 * pt, n = std::min(st.n, su.a1 * pt) - t0;
+      K_.paged_attn_scores(a.q.row(row_of(su.task)) + task.h0 * hd, task.nh, hd, a.scale,
+                           part_v.kv(n, pt), split_scores_.data() + st.s_off + t0, st.lds);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n1; ++u) {
+      const SplitUnit& su = split_units_[1][size_t(u)];
+      const SplitTask& st = split_tasks_[size_t(su.task)];
+      const DecodeView v = view_of(su.task);
+      K_.paged_attn_probs(split_scores_.data() + st.s_off + su.a0 * st.lds, st.lds, 1,
+                          v.kv(st.n, v.f.page_tokens));
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < n2; ++u) {
+      const SplitUnit& su = split_units_[2][size_t(u)];
+      const DecodeTask& task = decode_tasks_[size_t(su.task)];
+      const SplitTask& st = split_tasks_[size_t(su.task)];
+      const DecodeView v = view_of(su.task);
+      K_.paged_attn_wsum(split_scores_.data() + st.s_off, st.lds, task.nh, hd,
+                         v.kv(st.n, v.f.page_tokens), su.a0, su.a1,
+                         a.out.row(row_of(su.task)) + task.h0 * hd);
+    }
   }
 }
 

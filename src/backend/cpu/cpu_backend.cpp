@@ -27,7 +27,11 @@ void Matrix::row_f32(int64_t r, float scale, float* out) const {
 namespace backend {
 
 CpuBackend::CpuBackend(const kernels::KernelTable& k, int threads, const char* name)
-    : K_(k), threads_(threads), name_(name) {}
+    : K_(k), threads_(threads), name_(name) {
+  // KVANT_DECODE_SPLIT_CTX: the context from which decode attention may
+  // split one KV head over threads (0: never); for measurements.
+  if (const char* e = std::getenv("KVANT_DECODE_SPLIT_CTX")) split_min_ctx_ = std::atoll(e);
+}
 
 int CpuBackend::threads() const { return threads_ > 0 ? threads_ : num_threads(); }
 

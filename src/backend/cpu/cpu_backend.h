@@ -56,6 +56,19 @@ class CpuBackend final : public Backend {
   void kv_gather(const StepPlan& plan, int64_t layer, CF32 k_new, CF32 v_new, BF16 k,
                  BF16 v) override;
   void attention_decode(const StepPlan& plan, const DecodeAttn& a) override;
+  // Decode attention over a long context can split one KV head's work over
+  // threads (scores by page-aligned token ranges, the weighted sum by
+  // head_dim ranges; bitwise the same result): taken when a step has fewer
+  // (sequence, KV head) tasks than twice the threads and some context holds
+  // min_ctx tokens or more; ranges of at least min_part tokens. force (tests)
+  // takes it whenever it applies at all. min_ctx 0 (the default; or
+  // KVANT_DECODE_SPLIT_CTX) turns it off: at 16,384 tokens on SmolLM2-135M
+  // it measured no faster than one task per KV head.
+  void tune_decode_split(int64_t min_ctx, int64_t min_part, bool force) {
+    split_min_ctx_ = min_ctx;
+    split_min_part_ = min_part;
+    split_force_ = force;
+  }
   void attention_prefill(const StepPlan& plan, const PrefillAttn& a) override;
 
   void moe_route(const RouterConfig& rc, CF32 logits, const float* bias, int32_t* ids,
@@ -81,6 +94,15 @@ class CpuBackend final : public Backend {
     int64_t kvh;     // KV head
     int64_t h0, nh;  // query heads [h0, h0 + nh)
   };
+  // One decode task's share of a split step: its scores rows (nh of them,
+  // lds apart, from split_scores_ + s_off) and page pointers (4 arrays of
+  // np from split_ptrs_ + p_off).
+  struct SplitTask {
+    int64_t n, np, lds, s_off, p_off;
+  };
+  struct SplitUnit {
+    int64_t task, a0, a1;  // pages [a0, a1), a head a0, or dims [a0, a1)
+  };
   struct PrefillTask {
     int64_t chunk, t, h, n;  // n consecutive tokens from activation row t, query head h
   };
@@ -98,6 +120,8 @@ class CpuBackend final : public Backend {
   void ensure_attention(int64_t rows, int64_t ctx, int64_t pages);
   float* scores_for(int tid) { return scores_.data() + int64_t(tid) * score_rows_ * ctx_; }
   const uint8_t** ptrs_for(int tid) { return ptrs_.data() + int64_t(tid) * 4 * pages_; }
+  bool decode_split_applies(const StepPlan& plan, const DecodeAttn& a) const;
+  void attention_decode_split(const StepPlan& plan, const DecodeAttn& a);
   void linear_bf16(CF32 x, const Matrix& w, F32 y);
   void linear_int4(CF32 x, const Q4Matrix& w, F32 y);
   void linear_fp8(CF32 x, const F8Matrix& w, F32 y);
@@ -121,6 +145,13 @@ class CpuBackend final : public Backend {
   std::vector<PrefillTask> prefill_tasks_;
   // The tasks were built for (step, kv_heads, group, head block) and (step, heads).
   int64_t step_ = 0, decode_key_[4] = {-1, 0, 0, 0}, prefill_key_[2] = {-1, 0};
+  // Split decode attention (tune_decode_split): tasks, work units, scratch.
+  int64_t split_min_ctx_ = 0, split_min_part_ = 256;  // off unless asked (no gain measured yet)
+  bool split_force_ = false;
+  std::vector<SplitTask> split_tasks_;
+  std::vector<SplitUnit> split_units_[3];
+  AlignedBuffer<float> split_scores_;
+  AlignedBuffer<const uint8_t*> split_ptrs_;
   // Router, DSA and MLA scratch.
   std::vector<float> router_;
   std::vector<float> dsa_score_;

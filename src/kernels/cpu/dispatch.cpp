@@ -33,6 +33,9 @@ void fill(KernelTable& t) {
   t.attn_scores = Ns::attn_scores;
   t.attn_weighted_sum = Ns::attn_weighted_sum;
   t.paged_attn_decode = Ns::paged_attn_decode;
+  t.paged_attn_scores = Ns::paged_attn_scores;
+  t.paged_attn_probs = Ns::paged_attn_probs;
+  t.paged_attn_wsum = Ns::paged_attn_wsum;
   t.peak_probe = Ns::peak_probe;
   t.quantize_q8 = Ns::quantize_q8;
   t.gemm_q4 = Ns::gemm_q4;
@@ -55,6 +58,9 @@ void fill(KernelTable& t) {
     static constexpr auto attn_scores = ns::attn_scores;                \
     static constexpr auto attn_weighted_sum = ns::attn_weighted_sum;    \
     static constexpr auto paged_attn_decode = ns::paged_attn_decode;    \
+    static constexpr auto paged_attn_scores = ns::paged_attn_scores;    \
+    static constexpr auto paged_attn_probs = ns::paged_attn_probs;      \
+    static constexpr auto paged_attn_wsum = ns::paged_attn_wsum;        \
     static constexpr auto peak_probe = ns::peak_probe;                  \
     static constexpr auto quantize_q8 = ns::quantize_q8;                \
     static constexpr auto gemm_q4 = ns::gemm_q4;                        \

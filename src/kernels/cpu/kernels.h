@@ -226,6 +226,22 @@ struct KernelTable {
   // n_tokens == 0 gives out = 0. FP8 NaN codes decode to NaN.
   void (*paged_attn_decode)(const float* q, int64_t group, int64_t head_dim, float scale,
                             const PagedKv& kv, float* scratch, float* out) = nullptr;
+  // paged_attn_decode's three passes, for callers that split one group's
+  // long context over threads (scratch rows lds floats apart, lds >= n):
+  //   paged_attn_scores(q, group, hd, scale, kv, s, lds);
+  //   paged_attn_probs(s, lds, group, kv);        // softmax; FP8: times vs_t
+  //   paged_attn_wsum(s, lds, group, hd, kv, 0, hd, out);
+  // gives paged_attn_decode's bits. A token's score does not depend on which
+  // page-aligned part of the context `kv` describes (so scores may be taken
+  // part by part), and each output element is one sequential FMA chain over
+  // t, so wsum over [d0, d1) (d0 a multiple of 32, d1 one or head_dim) gives
+  // those elements' bits. paged_attn_probs leaves this ISA's own scaled
+  // probabilities (a power of two folded in), meant for its wsum only.
+  void (*paged_attn_scores)(const float* q, int64_t group, int64_t head_dim, float scale,
+                            const PagedKv& kv, float* s, int64_t lds) = nullptr;
+  void (*paged_attn_probs)(float* s, int64_t lds, int64_t group, const PagedKv& kv) = nullptr;
+  void (*paged_attn_wsum)(const float* p, int64_t lds, int64_t group, int64_t head_dim,
+                          const PagedKv& kv, int64_t d0, int64_t d1, float* out) = nullptr;
 
   // INT4 weights x int8-quantized activations (W4A16 checkpoints, computed
   // W4A8 as on every CPU engine: activations are quantized per 32-block,

@@ -51,15 +51,23 @@ inline float v_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
   return kv.v_scales ? scale_value(kv.v_scales[pg][i * kv.scale_stride]) : kv.v_scale;
 }
 
-// p[h, t] *= vs_t * extra for every head (FP8 only). `extra` is a power of two
+// p[h * lds + t] *= vs_t * extra for every head (FP8 only), as (p * vs_t) *
+// extra, the order the SIMD passes multiply in. `extra` is a power of two
 // that SIMD decoders fold in (exact, so the result is the contract's p * vs_t).
-inline void scale_probs(const PagedKv& kv, int64_t group, float extra, float* p) {
-  const int64_t n = kv.n_tokens;
+inline void scale_probs(const PagedKv& kv, int64_t group, float extra, float* p, int64_t lds) {
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     prefetch_next_scales(kv.v_scales, pg, i, kv);
     const float vs = v_token_scale(kv, pg, i);
-    for (int64_t h = 0; h < group; ++h) p[h * n + t] = p[h * n + t] * vs * extra;
+    for (int64_t h = 0; h < group; ++h) p[h * lds + t] = p[h * lds + t] * vs * extra;
   });
+}
+
+// paged_attn_probs for an ISA with softmax `sm` and FP8 fold `extra`.
+template <class Softmax>
+inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, float extra,
+                       Softmax&& sm) {
+  for (int64_t h = 0; h < group; ++h) sm(s + h * lds, kv.n_tokens);
+  if (kv.elem != KvDType::kBf16) scale_probs(kv, group, extra, s, lds);
 }
 
 }  // namespace

@@ -129,9 +129,10 @@ inline __m256 tree3(__m256 c0, __m256 c1) {
                        _mm256_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// s[h * n + t] for heads [0, H) of the block starting at q.
+// s[h * lds + t] for heads [0, H) of the block starting at q.
 template <KvDType E, int H>
-void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s) {
+void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s,
+                  int64_t lds) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -201,7 +202,7 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
 #pragma GCC unroll 4
     for (int h = 0; h < H; ++h) {
       const __m256 v = _mm256_mul_ps(_mm256_permutevar8x32_ps(e[h], unshuffle), c);
-      store_part(s + h * n + t0, _mm256_blendv_ps(v, _mm256_set1_ps(kNan), nm), nb);
+      store_part(s + h * lds + t0, _mm256_blendv_ps(v, _mm256_set1_ps(kNan), nm), nb);
     }
     pg = p2, i = i2;
   }
@@ -211,8 +212,8 @@ void scores_block(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
 // pass), p[h, t] *= vs_t * kFold 8 tokens ahead of their use, so the V scales
 // stream in with the V rows.
 template <KvDType E, int H, int C>
-void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
-                bool scale_p) {
+void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
+                float* out, bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
   __m256 acc[H][C];
 #pragma GCC unroll 8
@@ -228,7 +229,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
           kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
 #pragma GCC unroll 4
       for (int h = 0; h < H; ++h) {
-        float* ph = p + h * n + t;
+        float* ph = p + h * ldp + t;
         store_part(ph, _mm256_mul_ps(_mm256_mul_ps(load_part(ph, nb), vs), _mm256_set1_ps(kFold<E>)),
                    nb);
       }
@@ -245,7 +246,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
       v[c] = 8 * c < width ? decode8<E>(row + 8 * c * eb, width - 8 * c) : _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
-      const __m256 w = _mm256_broadcast_ss(p + h * n + t);
+      const __m256 w = _mm256_broadcast_ss(p + h * ldp + t);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[h][c] = _mm256_fmadd_ps(w, v[c], acc[h][c]);
     }
@@ -258,55 +259,71 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
       if (8 * c < width) store_part(out + h * hd + d0 + 8 * c, acc[h][c], width - 8 * c);
 }
 
+// out[h * hd + d] for d in [d0, d1); with scale_first, the first block scales p.
 template <KvDType E, int H>
-void wsum_heads(float* p, int64_t hd, const PagedKv& kv, float* out) {
+void wsum_heads(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0, int64_t d1,
+                float* out, bool scale_first) {
   // H * C accumulators + C decoded chunks + 1 broadcast within 16 registers.
   constexpr int C = H <= 2 ? 4 : (H == 3 ? 3 : 2);
-  for (int64_t d0 = 0; d0 < hd; d0 += 8 * C)
-    wsum_block<E, H, C>(p, hd, kv, d0, std::min<int64_t>(8 * C, hd - d0), out, d0 == 0);
+  for (int64_t d = d0; d < d1; d += 8 * C)
+    wsum_block<E, H, C>(p, ldp, hd, kv, d, std::min<int64_t>(8 * C, d1 - d), out,
+                        scale_first && d == d0);
+}
+
+template <KvDType E>
+void scores(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* s,
+            int64_t lds) {
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
+    const float* qb = q + h0 * hd;
+    float* sb = s + h0 * lds;
+    switch (std::min<int64_t>(4, group - h0)) {
+      case 1:
+        scores_block<E, 1>(qb, hd, scale, kv, sb, lds);
+        break;
+      case 2:
+        scores_block<E, 2>(qb, hd, scale, kv, sb, lds);
+        break;
+      case 3:
+        scores_block<E, 3>(qb, hd, scale, kv, sb, lds);
+        break;
+      default:
+        scores_block<E, 4>(qb, hd, scale, kv, sb, lds);
+        break;
+    }
+  }
+}
+
+template <KvDType E>
+void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, int64_t d0,
+          int64_t d1, float* out, bool scale_first) {
+  for (int64_t h0 = 0; h0 < group; h0 += 4) {
+    float* pb = p + h0 * ldp;
+    float* ob = out + h0 * hd;
+    switch (std::min<int64_t>(4, group - h0)) {
+      case 1:
+        wsum_heads<E, 1>(pb, ldp, hd, kv, d0, d1, ob, scale_first);
+        break;
+      case 2:
+        wsum_heads<E, 2>(pb, ldp, hd, kv, d0, d1, ob, scale_first);
+        break;
+      case 3:
+        wsum_heads<E, 3>(pb, ldp, hd, kv, d0, d1, ob, scale_first);
+        break;
+      default:
+        wsum_heads<E, 4>(pb, ldp, hd, kv, d0, d1, ob, scale_first);
+        break;
+    }
+  }
 }
 
 template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
   const int64_t n = kv.n_tokens;
-  for (int64_t h0 = 0; h0 < group; h0 += 4) {
-    const float* qb = q + h0 * hd;
-    float* sb = scratch + h0 * n;
-    switch (std::min<int64_t>(4, group - h0)) {
-      case 1:
-        scores_block<E, 1>(qb, hd, scale, kv, sb);
-        break;
-      case 2:
-        scores_block<E, 2>(qb, hd, scale, kv, sb);
-        break;
-      case 3:
-        scores_block<E, 3>(qb, hd, scale, kv, sb);
-        break;
-      default:
-        scores_block<E, 4>(qb, hd, scale, kv, sb);
-        break;
-    }
-  }
+  scores<E>(q, group, hd, scale, kv, scratch, n);
   for (int64_t h = 0; h < group; ++h) softmax(scratch + h * n, n);
-  for (int64_t h0 = 0; h0 < group; h0 += 4) {
-    float* pb = scratch + h0 * n;
-    float* ob = out + h0 * hd;
-    switch (std::min<int64_t>(4, group - h0)) {
-      case 1:
-        wsum_heads<E, 1>(pb, hd, kv, ob);
-        break;
-      case 2:
-        wsum_heads<E, 2>(pb, hd, kv, ob);
-        break;
-      case 3:
-        wsum_heads<E, 3>(pb, hd, kv, ob);
-        break;
-      default:
-        wsum_heads<E, 4>(pb, hd, kv, ob);
-        break;
-    }
-  }
+  // FP8: the first d block scales the probabilities as it streams the V scales.
+  wsum<E>(scratch, n, group, hd, kv, 0, hd, out, true);
 }
 
 }  // namespace
@@ -320,6 +337,36 @@ void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float sc
       return run<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
     default:
       return run<KvDType::kBf16>(q, group, head_dim, scale, kv, scratch, out);
+  }
+}
+
+void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float scale,
+                       const PagedKv& kv, float* s, int64_t lds) {
+  switch (kv.elem) {
+    case KvDType::kFp8E4m3:
+      return scores<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, s, lds);
+    case KvDType::kFp8E5m2:
+      return scores<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, s, lds);
+    default:
+      return scores<KvDType::kBf16>(q, group, head_dim, scale, kv, s, lds);
+  }
+}
+
+void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
+  const float fold = kv.elem == KvDType::kFp8E4m3 ? kFold<KvDType::kFp8E4m3> : 1.f;
+  probs_pass(s, lds, group, kv, fold, [](float* x, int64_t n) { softmax(x, n); });
+}
+
+void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
+                     const PagedKv& kv, int64_t d0, int64_t d1, float* out) {
+  float* pm = const_cast<float*>(p);  // not written: no scaling pass
+  switch (kv.elem) {
+    case KvDType::kFp8E4m3:
+      return wsum<KvDType::kFp8E4m3>(pm, lds, group, head_dim, kv, d0, d1, out, false);
+    case KvDType::kFp8E5m2:
+      return wsum<KvDType::kFp8E5m2>(pm, lds, group, head_dim, kv, d0, d1, out, false);
+    default:
+      return wsum<KvDType::kBf16>(pm, lds, group, head_dim, kv, d0, d1, out, false);
   }
 }
 

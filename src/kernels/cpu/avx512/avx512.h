@@ -31,6 +31,11 @@ void attn_weighted_sum(const float* p, const uint16_t* v, int64_t ldv, int64_t n
                        float* out);
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out);
+void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float scale,
+                       const PagedKv& kv, float* s, int64_t lds);
+void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv);
+void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
+                     const PagedKv& kv, int64_t d0, int64_t d1, float* out);
 float peak_probe(int64_t iters);
 void quantize_q8(const float* x, int64_t k, int8_t* q, float* s, int32_t* sum);
 void gemm_q4(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m, int64_t n0,

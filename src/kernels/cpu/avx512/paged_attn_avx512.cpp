@@ -212,11 +212,11 @@ inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t
 
 // The reduction tree (tree1..tree4): avx512_common.h.
 
-// s[h * n + t] for heads [0, H) of the block starting at q (row stride ldq).
+// s[h * lds + t] for heads [0, H) of the block starting at q (row stride ldq).
 // Perm (FP8 only): q is permute_q's layout and rows are read as Block64s.
 template <KvDType E, int H, bool Perm>
 void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
-                  float* s) {
+                  float* s, int64_t lds) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -310,7 +310,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
         const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[h]), c);
-        _mm512_mask_storeu_ps(s + h * n + t0, sm, _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
+        _mm512_mask_storeu_ps(s + h * lds + t0, sm, _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
       }
       pg = p2, i = i2;
     }
@@ -322,8 +322,8 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
 // scale_p (FP8, first pass), p[h, t] *= vs_t * kFold 16 tokens ahead of their
 // use, so the V scales stream in with the V rows.
 template <KvDType E, int H, int C>
-void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width, float* out,
-                bool scale_p) {
+void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
+                float* out, bool scale_p) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E);
   __mmask16 mc[C];
   __m512 acc[H][C];
@@ -343,7 +343,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
           kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm512_set1_ps(kv.v_scale);
 #pragma GCC unroll 8
       for (int h = 0; h < H; ++h) {
-        float* ph = p + h * n + t;
+        float* ph = p + h * ldp + t;
         _mm512_mask_storeu_ps(ph, m,
                               _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs),
                                             _mm512_set1_ps(kFold<E>)));
@@ -372,7 +372,7 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
-      const __m512 w = _mm512_set1_ps(p[h * n + t]);
+      const __m512 w = _mm512_set1_ps(p[h * ldp + t]);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
     }
@@ -393,64 +393,99 @@ void wsum_block(float* p, int64_t hd, const PagedKv& kv, int64_t d0, int64_t wid
 }
 
 template <KvDType E, int H>
-void head_block(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s, float* out) {
+void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, float* s,
+                  int64_t lds) {
   const int64_t ldp = (hd + 63) / 64 * 64;
   if constexpr (E != KvDType::kBf16) {
     if (H * ldp <= kQpFloats) {
       alignas(64) float qp[kQpFloats];
       permute_q(q, H, hd, qp, ldp);
-      scores_block<E, H, true>(qp, ldp, hd, scale, kv, s);
-    } else {
-      scores_block<E, H, false>(q, hd, hd, scale, kv, s);
+      return scores_block<E, H, true>(qp, ldp, hd, scale, kv, s, lds);
     }
-  } else {
-    scores_block<E, H, false>(q, hd, hd, scale, kv, s);
   }
-  for (int h = 0; h < H; ++h) softmax(s + h * kv.n_tokens, kv.n_tokens);
+  scores_block<E, H, false>(q, hd, hd, scale, kv, s, lds);
+}
+
+// out[h * hd + d] for d in [d0, d1); with scale_first (FP8), the first block
+// scales p as it streams the V scales.
+template <KvDType E, int H>
+void wsum_heads(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0, int64_t d1,
+                float* out, bool scale_first) {
   // H * C accumulators + C decoded chunks + 1 broadcast stay within 32
   // registers; FP8 takes whole 32- or 64-code blocks.
   constexpr int C = E == KvDType::kBf16 ? (H <= 6 ? 4 : 3) : (H <= 6 ? 4 : 2);
-  for (int64_t d0 = 0; d0 < hd; d0 += 16 * C)
-    wsum_block<E, H, C>(s, hd, kv, d0, std::min<int64_t>(16 * C, hd - d0), out, d0 == 0);
+  for (int64_t d = d0; d < d1; d += 16 * C) {
+    const int64_t width = std::min<int64_t>(16 * C, d1 - d);
+    const bool sp = scale_first && d == d0;
+    if (C > 2 && width <= 32)  // a 32-wide tail or range: half the registers
+      wsum_block<E, H, 2>(p, ldp, hd, kv, d, width, out, sp);
+    else
+      wsum_block<E, H, C>(p, ldp, hd, kv, d, width, out, sp);
+  }
+}
+
+// Heads go 8 at a time (FP8: fewer where their permuted q would not fit
+// kQpFloats); a group wider than that re-reads its rows per block.
+template <KvDType E>
+int64_t heads_per_block(int64_t hd) {
+  const int64_t ldp = (hd + 63) / 64 * 64;
+  return E == KvDType::kBf16 ? 8 : std::clamp<int64_t>(kQpFloats / ldp, 1, 8);
+}
+
+// fn(std::integral_constant<int, H>) for a block of nh (1 .. 8) heads.
+template <class Fn>
+void with_heads(int64_t nh, Fn&& fn) {
+  switch (nh) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 2:
+      return fn(std::integral_constant<int, 2>());
+    case 3:
+      return fn(std::integral_constant<int, 3>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 5:
+      return fn(std::integral_constant<int, 5>());
+    case 6:
+      return fn(std::integral_constant<int, 6>());
+    case 7:
+      return fn(std::integral_constant<int, 7>());
+    default:
+      return fn(std::integral_constant<int, 8>());
+  }
+}
+
+template <KvDType E>
+void scores(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* s,
+            int64_t lds) {
+  const int64_t per = heads_per_block<E>(hd);
+  for (int64_t h0 = 0; h0 < group; h0 += per)
+    with_heads(std::min(per, group - h0), [&](auto H) {
+      scores_heads<E, H()>(q + h0 * hd, hd, scale, kv, s + h0 * lds, lds);
+    });
+}
+
+template <KvDType E>
+void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, int64_t d0,
+          int64_t d1, float* out, bool scale_first) {
+  const int64_t per = heads_per_block<E>(hd);
+  for (int64_t h0 = 0; h0 < group; h0 += per)
+    with_heads(std::min(per, group - h0), [&](auto H) {
+      wsum_heads<E, H()>(p + h0 * ldp, ldp, hd, kv, d0, d1, out + h0 * hd, scale_first);
+    });
 }
 
 template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
-  // Heads go 8 at a time (FP8: fewer where their permuted q would not fit
-  // kQpFloats); a group wider than that re-reads its rows per block.
-  const int64_t ldp = (hd + 63) / 64 * 64;
-  const int64_t per = E == KvDType::kBf16 ? 8 : std::clamp<int64_t>(kQpFloats / ldp, 1, 8);
+  // Block by block, so that a block's scores are still in cache for its sum.
+  const int64_t per = heads_per_block<E>(hd), n = kv.n_tokens;
   for (int64_t h0 = 0; h0 < group; h0 += per) {
-    const float* qb = q + h0 * hd;
-    float* sb = scratch + h0 * kv.n_tokens;
-    float* ob = out + h0 * hd;
-    switch (std::min<int64_t>(per, group - h0)) {
-      case 1:
-        head_block<E, 1>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 2:
-        head_block<E, 2>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 3:
-        head_block<E, 3>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 4:
-        head_block<E, 4>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 5:
-        head_block<E, 5>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 6:
-        head_block<E, 6>(qb, hd, scale, kv, sb, ob);
-        break;
-      case 7:
-        head_block<E, 7>(qb, hd, scale, kv, sb, ob);
-        break;
-      default:
-        head_block<E, 8>(qb, hd, scale, kv, sb, ob);
-        break;
-    }
+    const int64_t nh = std::min(per, group - h0);
+    float* sb = scratch + h0 * n;
+    with_heads(nh, [&](auto H) { scores_heads<E, H()>(q + h0 * hd, hd, scale, kv, sb, n); });
+    for (int64_t h = 0; h < nh; ++h) softmax(sb + h * n, n);
+    with_heads(nh, [&](auto H) { wsum_heads<E, H()>(sb, n, hd, kv, 0, hd, out + h0 * hd, true); });
   }
 }
 
@@ -465,6 +500,36 @@ void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float sc
       return run<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
     default:
       return run<KvDType::kBf16>(q, group, head_dim, scale, kv, scratch, out);
+  }
+}
+
+void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float scale,
+                       const PagedKv& kv, float* s, int64_t lds) {
+  switch (kv.elem) {
+    case KvDType::kFp8E4m3:
+      return scores<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, s, lds);
+    case KvDType::kFp8E5m2:
+      return scores<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, s, lds);
+    default:
+      return scores<KvDType::kBf16>(q, group, head_dim, scale, kv, s, lds);
+  }
+}
+
+void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
+  const float fold = kv.elem == KvDType::kFp8E4m3 ? kFold<KvDType::kFp8E4m3> : 1.f;
+  probs_pass(s, lds, group, kv, fold, [](float* x, int64_t n) { softmax(x, n); });
+}
+
+void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
+                     const PagedKv& kv, int64_t d0, int64_t d1, float* out) {
+  float* pm = const_cast<float*>(p);  // not written: no scaling pass
+  switch (kv.elem) {
+    case KvDType::kFp8E4m3:
+      return wsum<KvDType::kFp8E4m3>(pm, lds, group, head_dim, kv, d0, d1, out, false);
+    case KvDType::kFp8E5m2:
+      return wsum<KvDType::kFp8E5m2>(pm, lds, group, head_dim, kv, d0, d1, out, false);
+    default:
+      return wsum<KvDType::kBf16>(pm, lds, group, head_dim, kv, d0, d1, out, false);
   }
 }
 
