@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/kernels.h"
 
@@ -13,6 +14,19 @@ namespace kvant::kernels {
 namespace {
 
 inline int64_t kv_elem_bytes(KvDType e) { return e == KvDType::kBf16 ? 2 : 1; }
+
+// fn(std::integral_constant<KvDType, e>()): an element type as a template argument.
+template <class Fn>
+inline void with_elem(KvDType e, Fn&& fn) {
+  switch (e) {
+    case KvDType::kFp8E4m3:
+      return fn(std::integral_constant<KvDType, KvDType::kFp8E4m3>());
+    case KvDType::kFp8E5m2:
+      return fn(std::integral_constant<KvDType, KvDType::kFp8E5m2>());
+    default:
+      return fn(std::integral_constant<KvDType, KvDType::kBf16>());
+  }
+}
 
 // Visits t = 0 .. n-1 in order as fn(t, page, slot).
 template <class Fn>

@@ -330,26 +330,12 @@ void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& 
 
 void paged_attn_decode(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* scratch, float* out) {
-  switch (kv.elem) {
-    case KvDType::kFp8E4m3:
-      return run<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, scratch, out);
-    case KvDType::kFp8E5m2:
-      return run<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, scratch, out);
-    default:
-      return run<KvDType::kBf16>(q, group, head_dim, scale, kv, scratch, out);
-  }
+  with_elem(kv.elem, [&](auto E) { run<E()>(q, group, head_dim, scale, kv, scratch, out); });
 }
 
 void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float scale,
                        const PagedKv& kv, float* s, int64_t lds) {
-  switch (kv.elem) {
-    case KvDType::kFp8E4m3:
-      return scores<KvDType::kFp8E4m3>(q, group, head_dim, scale, kv, s, lds);
-    case KvDType::kFp8E5m2:
-      return scores<KvDType::kFp8E5m2>(q, group, head_dim, scale, kv, s, lds);
-    default:
-      return scores<KvDType::kBf16>(q, group, head_dim, scale, kv, s, lds);
-  }
+  with_elem(kv.elem, [&](auto E) { scores<E()>(q, group, head_dim, scale, kv, s, lds); });
 }
 
 void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
@@ -360,14 +346,7 @@ void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
 void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
                      const PagedKv& kv, int64_t d0, int64_t d1, float* out) {
   float* pm = const_cast<float*>(p);  // not written: no scaling pass
-  switch (kv.elem) {
-    case KvDType::kFp8E4m3:
-      return wsum<KvDType::kFp8E4m3>(pm, lds, group, head_dim, kv, d0, d1, out, false);
-    case KvDType::kFp8E5m2:
-      return wsum<KvDType::kFp8E5m2>(pm, lds, group, head_dim, kv, d0, d1, out, false);
-    default:
-      return wsum<KvDType::kBf16>(pm, lds, group, head_dim, kv, d0, d1, out, false);
-  }
+  with_elem(kv.elem, [&](auto E) { wsum<E()>(pm, lds, group, head_dim, kv, d0, d1, out, false); });
 }
 
 }  // namespace kvant::kernels::avx2
