@@ -10,6 +10,7 @@
 // Weights rotate through enough copies (>= 192 MB, 4x this machine's L3) that
 // every call reads them from DRAM, as a forward pass does.
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
@@ -334,15 +335,21 @@ void bm_stream(benchmark::State& state, StreamOp op, int threads) {
 }
 
 // Decode attention at depth on SmolLM2-135M shapes: 30 layers x 3 KV heads of
-// 64, GQA groups of 3, 4,096 tokens in pages of 16; one iteration is one
-// token's attention over every layer and KV head (about 94 MB of BF16 KV, so
-// it streams from DRAM). FP8 uses dynamic per-(token, head) scales.
+// 64, GQA groups of 3, kTokens tokens in pages of kPage tokens; one iteration is one
+// token's attention over every layer and KV head (about 94 MB of BF16 KV at
+// 4,096 tokens, 377 MB at 16,384). FP8 uses dynamic per-(token, head) scales.
+// head_major: a page block holds [kv_heads, page_tokens, head_dim] (one
+// head's rows contiguous) instead of [page_tokens, kv_heads, head_dim].
+// threads > 1: the (layer, head) calls are shared out as the CPU backend's
+// decode does, one layer at a time.
 void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType elem,
-                   bool dynamic_scales) {
-  constexpr int64_t kLayers = 30, kKvHeads = 3, kHd = 64, kGroup = 3, kTokens = 4096, kPage = 16;
-  constexpr int64_t kPages = kTokens / kPage;
+                   bool dynamic_scales, int64_t kTokens, bool head_major, int threads,
+                   int64_t kPage) {
+  constexpr int64_t kLayers = 30, kKvHeads = 3, kHd = 64, kGroup = 3;
+  const int64_t kPages = kTokens / kPage;
   const int64_t eb = elem == kvant::KvDType::kBf16 ? 2 : 1;
   const bool fp8 = eb == 1, dyn = fp8 && dynamic_scales;
+  kvant::set_num_threads(threads);
   // Dynamic scales: BF16, [page_tokens, kv_heads] per block, padded to 64 bytes.
   const int64_t block = kPage * kKvHeads * kHd * eb, sblock = dyn ? (kPage * kKvHeads * 2 + 63) / 64 * 64 : 0;
   const int64_t layer_bytes = 2 * block + 2 * sblock, page_bytes = kLayers * layer_bytes;
@@ -357,6 +364,7 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType
       for (int64_t i = 0; i < sblock; ++i) sc[i] = kvant::f32_to_bf16(0.01f);
     }
   // Pointer tables per (layer, kv head).
+  const int64_t head_off = head_major ? kPage * kHd * eb : kHd * eb;
   std::vector<const uint8_t*> kp(size_t(kLayers * kKvHeads * kPages)), vp(kp.size());
   std::vector<const uint16_t*> ksp(kp.size()), vsp(kp.size());
   for (int64_t l = 0; l < kLayers; ++l)
@@ -364,29 +372,38 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType
       for (int64_t p = 0; p < kPages; ++p) {
         const size_t i = size_t((l * kKvHeads + h) * kPages + p);
         const uint8_t* base = arena.data() + p * page_bytes + l * layer_bytes;
-        kp[i] = base + h * kHd * eb;
-        vp[i] = base + block + h * kHd * eb;
+        kp[i] = base + h * head_off;
+        vp[i] = base + block + h * head_off;
         ksp[i] = reinterpret_cast<const uint16_t*>(base + 2 * block) + h;
         vsp[i] = reinterpret_cast<const uint16_t*>(base + 2 * block + sblock) + h;
       }
-  std::vector<float> q(size_t(kGroup * kHd), 0.05f), out(q.size()),
-      scratch(size_t(kGroup * kTokens));
+  std::vector<float> q(size_t(kGroup * kHd), 0.05f), out(size_t(threads) * q.size()),
+      scratch(size_t(threads * kGroup * kTokens));
+  auto call = [&](int64_t lh, int tid) {
+    kvant::kernels::PagedKv kv;
+    kv.k_pages = kp.data() + lh * kPages;
+    kv.v_pages = vp.data() + lh * kPages;
+    kv.token_stride = head_major ? kHd * eb : kKvHeads * kHd * eb;
+    kv.k_scale = kv.v_scale = 0.01f;
+    if (dyn) {
+      kv.k_scales = ksp.data() + lh * kPages;
+      kv.v_scales = vsp.data() + lh * kPages;
+    }
+    kv.scale_stride = kKvHeads;
+    kv.page_tokens = kPage;
+    kv.n_tokens = kTokens;
+    kv.elem = elem;
+    T->paged_attn_decode(q.data(), kGroup, kHd, 0.125f, kv, scratch.data() + tid * kGroup * kTokens,
+                         out.data() + tid * q.size());
+  };
   for (auto _ : state) {
-    for (int64_t lh = 0; lh < kLayers * kKvHeads; ++lh) {
-      kvant::kernels::PagedKv kv;
-      kv.k_pages = kp.data() + lh * kPages;
-      kv.v_pages = vp.data() + lh * kPages;
-      kv.token_stride = kKvHeads * kHd * eb;
-      kv.k_scale = kv.v_scale = 0.01f;
-      if (dyn) {
-        kv.k_scales = ksp.data() + lh * kPages;
-        kv.v_scales = vsp.data() + lh * kPages;
+    if (threads == 1) {
+      for (int64_t lh = 0; lh < kLayers * kKvHeads; ++lh) call(lh, 0);
+    } else {
+      for (int64_t l = 0; l < kLayers; ++l) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int64_t h = 0; h < kKvHeads; ++h) call(l * kKvHeads + h, omp_get_thread_num());
       }
-      kv.scale_stride = kKvHeads;
-      kv.page_tokens = kPage;
-      kv.n_tokens = kTokens;
-      kv.elem = elem;
-      T->paged_attn_decode(q.data(), kGroup, kHd, 0.125f, kv, scratch.data(), out.data());
     }
     benchmark::DoNotOptimize(out.data());
   }
@@ -467,10 +484,28 @@ void register_all() {
     for (const PagedCase& c : paged) {
       const std::string name =
           std::string("paged_attn/") + kvant::kernels::isa_name(t->isa) + "/" + c.name + "/ctx4096";
-      benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, c.elem, c.dynamic_scales)
+      benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, t, c.elem, c.dynamic_scales, 4096,
+                                   false, 1, 16)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  // The active kernels at depth, both page layouts, 1 and 2 threads, pages
+  // of 16 tokens (the engine's default) and 64.
+  for (const PagedCase& c : paged)
+    for (int64_t ctx : {4096, 16384})
+      for (int64_t page : {16, 64})
+        for (bool hm : {false, true})
+          for (int th : {1, 2}) {
+            if (c.name != std::string("bf16") && c.name != std::string("fp8_e4m3")) continue;
+            if (page != 16 && ctx != 16384) continue;
+            const std::string name = std::string("paged_attn_depth/") + c.name + "/ctx" +
+                                     std::to_string(ctx) + "/page" + std::to_string(page) +
+                                     (hm ? "/head_major" : "/token_major") + "/t" + std::to_string(th);
+            benchmark::RegisterBenchmark(name.c_str(), bm_paged_attn, &kvant::kernels::active(),
+                                         c.elem, c.dynamic_scales, ctx, hm, th, page)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
   // Head size 64 (SmolLM2) unnamed, 128 (Llama 3, Qwen3) as hd128.
   for (const KernelTable* t : tables)
     for (int64_t hd : {64, 128})

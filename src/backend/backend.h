@@ -36,14 +36,19 @@ enum class GateAct : uint8_t { kSilu, kGeluTanh };
 // by the backend's own release when the buffer goes.
 class DeviceBuffer {
  public:
-  using Release = void (*)(void*);
+  using Release = void (*)(void* p, size_t bytes);
   DeviceBuffer() = default;
-  DeviceBuffer(void* p, size_t bytes, Release release) : p_(p, release), bytes_(bytes) {}
+  DeviceBuffer(void* p, size_t bytes, Release release) : p_(p, Free{release, bytes}), bytes_(bytes) {}
   void* data() const { return p_.get(); }
   size_t bytes() const { return bytes_; }
 
  private:
-  std::unique_ptr<void, Release> p_{nullptr, nullptr};
+  struct Free {
+    Release release;
+    size_t bytes;
+    void operator()(void* p) const { release(p, bytes); }
+  };
+  std::unique_ptr<void, Free> p_{nullptr, Free{nullptr, 0}};
   size_t bytes_ = 0;
 };
 

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "core/aligned.h"
+
 namespace kvant::testing {
 
 extern std::atomic<bool> g_count_allocs;
@@ -15,12 +17,16 @@ extern std::atomic<int64_t> g_allocs;
 // Counts the allocations made while it is alive.
 class AllocCounter {
  public:
-  AllocCounter() {
+  AllocCounter() : mapped0_(detail::mapped_allocs.load()) {
     g_allocs = 0;
     g_count_allocs = true;
   }
   ~AllocCounter() { g_count_allocs = false; }
-  int64_t count() const { return g_allocs.load(); }
+  // Heap allocations plus buffers mapped on their own (core/aligned.h).
+  int64_t count() const { return g_allocs.load() + (detail::mapped_allocs.load() - mapped0_); }
+
+ private:
+  int64_t mapped0_;
 };
 
 }  // namespace kvant::testing

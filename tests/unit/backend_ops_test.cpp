@@ -464,7 +464,7 @@ TEST_P(BackendOps, DecodeAttention) {
 }
 
 // Splitting one long context's decode attention over threads (scores by page
-// ranges, the weighted sum by head_dim ranges) gives the unsplit bits: with
+// ranges, weighted sums whole or by head_dim ranges) gives the unsplit bits: with
 // one sequence or several of different lengths, every KV format.
 TEST_P(BackendOps, DecodeAttentionSplitIsBitwiseUnsplit) {
   auto* cpu = dynamic_cast<CpuBackend*>(be_.get());
@@ -480,7 +480,7 @@ TEST_P(BackendOps, DecodeAttentionSplitIsBitwiseUnsplit) {
       const int64_t rows = int64_t(cs.size());
       std::vector<const KvSpan*> spans(cs.size(), &pg.span);
       Mat q = random_mat(rows, heads * hd, 67);
-      auto run = [&](bool split, int64_t block) {
+      auto run = [&](bool split, int64_t block, int64_t plan_threads) {
         StepPlan plan = make_plan(spans, cs);
         Mat out(rows, heads * hd);
         DecodeAttn d;
@@ -492,19 +492,24 @@ TEST_P(BackendOps, DecodeAttentionSplitIsBitwiseUnsplit) {
         d.head_dim = hd;
         d.head_block = block;
         d.scale = 0.3f;
-        cpu->tune_decode_split(split ? 1 : 0, kc.page_tokens * 2, split);
+        cpu->tune_decode_split(split ? 1 : 0, kc.page_tokens * 2, split, plan_threads);
         cpu->begin_step(plan);
         cpu->attention_decode(plan, d);
         return out;
       };
-      for (int64_t block : {group, int64_t(1)}) {
-        const Mat want = run(false, block), got = run(true, block);
-        ASSERT_EQ(0, std::memcmp(got.v.data(), want.v.data(), want.v.size() * 4))
-            << kc.name() << " sequences " << rows << " head block " << block;
-      }
+      // Weighted sums planned for 1, 3 and 4 threads: all tasks whole, some
+      // whole and the rest by head_dim ranges, or none whole (this machine's
+      // threads run them either way).
+      for (int64_t block : {group, int64_t(1)})
+        for (int64_t pnt : {1, 3, 4}) {
+          const Mat want = run(false, block, 0), got = run(true, block, pnt);
+          ASSERT_EQ(0, std::memcmp(got.v.data(), want.v.data(), want.v.size() * 4))
+              << kc.name() << " sequences " << rows << " head block " << block
+              << " planned threads " << pnt;
+        }
     }
   }
-  cpu->tune_decode_split(0, 256, false);
+  cpu->tune_decode_split(CpuBackend::kDecodeSplitMinCtx, CpuBackend::kDecodeSplitMinPart, false);
 }
 
 TEST_P(BackendOps, PrefillAttention) {

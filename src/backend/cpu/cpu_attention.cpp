@@ -244,13 +244,14 @@ bool CpuBackend::decode_split_applies(const StepPlan& plan, const DecodeAttn& a)
   int64_t longest = 0;
   for (int64_t ci : plan.decode_chunks) longest = std::max(longest, plan.chunks[size_t(ci)].pos0 + 1);
   if (longest < split_min_ctx_) return false;
-  const int nt = threads();
-  return split_force_ || (nt > 1 && int64_t(decode_tasks_.size()) < 2 * int64_t(nt));
+  const int64_t nt = threads(), tasks = int64_t(decode_tasks_.size());
+  return split_force_ || (nt > 1 && tasks < 2 * nt && tasks % nt != 0);
 }
 
 // Three passes over every task, each split into units the threads share:
-// scores by page ranges, probabilities by head, weighted sums by head_dim
-// ranges of 32. The kernels' contract makes the result bitwise
+// scores by page ranges, probabilities by head, weighted sums whole per task
+// where the tasks go evenly over the threads and by head_dim ranges of 32 for
+// the rest. The kernels' contract makes the result bitwise
 // paged_attn_decode's, so whether a step splits changes no output.
 void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& a) {
   const int64_t hd = a.head_dim, l = a.layer, n_tasks = int64_t(decode_tasks_.size());
@@ -280,7 +281,15 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
     for (int64_t p0 = 0; p0 < st.np; p0 += step)
       split_units_[0].push_back({w, p0, std::min(st.np, p0 + step)});
     for (int64_t h = 0; h < task.nh; ++h) split_units_[1].push_back({w, h, h + 1});
-    for (int64_t d0 = 0; d0 < hd; d0 += 32) split_units_[2].push_back({w, d0, std::min(hd, d0 + 32)});
+    // Weighted sums: tasks whole while every thread gets one (a whole row's
+    // V is read at the widest, fastest blocking); only the remainder that
+    // would leave threads idle goes by head_dim ranges of 32.
+    const int64_t pnt = split_plan_threads_ > 0 ? split_plan_threads_ : nt;
+    if (w < n_tasks - n_tasks % pnt) {
+      split_units_[2].push_back({w, 0, hd});
+    } else {
+      for (int64_t d0 = 0; d0 < hd; d0 += 32) split_units_[2].push_back({w, d0, std::min(hd, d0 + 32)});
+    }
   }
   auto view_of = [&](int64_t w) {
     const DecodeTask& task = decode_tasks_[size_t(w)];

@@ -29,7 +29,7 @@ namespace backend {
 CpuBackend::CpuBackend(const kernels::KernelTable& k, int threads, const char* name)
     : K_(k), threads_(threads), name_(name) {
   // KVANT_DECODE_SPLIT_CTX: the context from which decode attention may
-  // split one KV head over threads (0: never); for measurements.
+  // split one KV head over threads (0: never; see tune_decode_split).
   if (const char* e = std::getenv("KVANT_DECODE_SPLIT_CTX")) split_min_ctx_ = std::atoll(e);
 }
 
@@ -74,11 +74,9 @@ F8Matrix CpuBackend::prepare_fp8(const uint8_t* codes, const float* scale, int64
 
 DeviceBuffer CpuBackend::alloc(size_t bytes) {
   if (bytes == 0) return {};
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded);
-  return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
+  // Huge pages from kHugeBytes on (core/aligned.h).
+  return DeviceBuffer(detail::alloc_zeroed(bytes), bytes,
+                      [](void* q, size_t n) { detail::free_aligned(q, n); });
 }
 
 void CpuBackend::reserve(const WorkspaceSize& s) {

@@ -58,16 +58,23 @@ class CpuBackend final : public Backend {
   void attention_decode(const StepPlan& plan, const DecodeAttn& a) override;
   // Decode attention over a long context can split one KV head's work over
   // threads (scores by page-aligned token ranges, the weighted sum by
-  // head_dim ranges; bitwise the same result): taken when a step has fewer
-  // (sequence, KV head) tasks than twice the threads and some context holds
-  // min_ctx tokens or more; ranges of at least min_part tokens. force (tests)
-  // takes it whenever it applies at all. min_ctx 0 (the default; or
-  // KVANT_DECODE_SPLIT_CTX) turns it off: at 16,384 tokens on SmolLM2-135M
-  // it measured no faster than one task per KV head.
-  void tune_decode_split(int64_t min_ctx, int64_t min_part, bool force) {
+  // head_dim ranges where the tasks do not go evenly over the threads;
+  // bitwise the same result): taken when a step's (sequence, KV head) tasks
+  // number fewer than twice the threads and leave some idle (not a multiple
+  // of the thread count), and some context holds min_ctx tokens or more;
+  // score ranges of at least min_part tokens. force (tests) takes it whenever
+  // it applies at all; plan_threads (tests), when positive, stands for the
+  // thread count in choosing which tasks' weighted sums go whole. min_ctx 0
+  // turns it off. The default, 2,048
+  // (KVANT_DECODE_SPLIT_CTX overrides it), is where it measured faster on
+  // SmolLM2-135M (3 KV heads, 2 threads): about 10% at 4,096 and 8,192
+  // tokens of context, even at 1,024 (docs/BENCHMARKS.md).
+  static constexpr int64_t kDecodeSplitMinCtx = 2048, kDecodeSplitMinPart = 256;
+  void tune_decode_split(int64_t min_ctx, int64_t min_part, bool force, int64_t plan_threads = 0) {
     split_min_ctx_ = min_ctx;
     split_min_part_ = min_part;
     split_force_ = force;
+    split_plan_threads_ = plan_threads;
   }
   void attention_prefill(const StepPlan& plan, const PrefillAttn& a) override;
 
@@ -146,7 +153,8 @@ class CpuBackend final : public Backend {
   // The tasks were built for (step, kv_heads, group, head block) and (step, heads).
   int64_t step_ = 0, decode_key_[4] = {-1, 0, 0, 0}, prefill_key_[2] = {-1, 0};
   // Split decode attention (tune_decode_split): tasks, work units, scratch.
-  int64_t split_min_ctx_ = 0, split_min_part_ = 256;  // off unless asked (no gain measured yet)
+  int64_t split_min_ctx_ = kDecodeSplitMinCtx, split_min_part_ = kDecodeSplitMinPart,
+          split_plan_threads_ = 0;
   bool split_force_ = false;
   std::vector<SplitTask> split_tasks_;
   std::vector<SplitUnit> split_units_[3];

@@ -154,7 +154,7 @@ DeviceBuffer CudaBackend::alloc(size_t bytes) {
     std::lock_guard<std::mutex> lock(g_ranges_mu);
     g_ranges[reinterpret_cast<uintptr_t>(p)] = bytes;
   }
-  return DeviceBuffer(p, bytes, [](void* q) {
+  return DeviceBuffer(p, bytes, [](void* q, size_t) {
     cudaDeviceSynchronize();
     {
       std::lock_guard<std::mutex> lock(g_ranges_mu);

@@ -167,7 +167,7 @@ constexpr int64_t kQpFloats = 8 * 1024;
 // The same slot kPrefetchPages pages on (see paged_attn_common.h).
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T2);
 }
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
