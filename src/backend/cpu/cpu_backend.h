@@ -67,8 +67,9 @@ class CpuBackend final : public Backend {
   // thread count in choosing which tasks' weighted sums go whole. min_ctx 0
   // turns it off. The default, 2,048
   // (KVANT_DECODE_SPLIT_CTX overrides it), is where it measured faster on
-  // SmolLM2-135M (3 KV heads, 2 threads): about 10% at 4,096 and 8,192
-  // tokens of context, even at 1,024 (docs/BENCHMARKS.md).
+  // SmolLM2-135M (3 KV heads, 2 threads): 10-14% at 8,192 and 16,384
+  // tokens of context, up to 10% at 4,096, no slower at 1,024
+  // (docs/BENCHMARKS.md).
   static constexpr int64_t kDecodeSplitMinCtx = 2048, kDecodeSplitMinPart = 256;
   void tune_decode_split(int64_t min_ctx, int64_t min_part, bool force, int64_t plan_threads = 0) {
     split_min_ctx_ = min_ctx;
