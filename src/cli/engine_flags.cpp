@@ -30,6 +30,9 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
       ->check(CLI::IsMember({32, 64, 128}));
   cmd->add_flag("--int4-lm-head", f.int4_lm_head,
                 "also quantize the output projection when quantizing at load");
+  cmd->add_flag("--mtp", f.mtp,
+                "load the checkpoint's multi-token-prediction layer (DeepSeek-V3, GLM-4.5) and "
+                "keep its KV, so that requests may draft with it (speculative method mtp)");
   cmd->add_option("--kv-dtype", f.kv_dtype, "KV cache dtype: bf16, fp8_e4m3, fp8_e5m2");
   cmd->add_option("--kv-scale", f.kv_scale,
                   "FP8 KV scales: dynamic (per token and head, in the page) or static "
@@ -112,6 +115,7 @@ Result<EngineOptions> engine_options(const EngineFlags& f) {
   o.decode_weights = f.decode_weights;
   o.int4_group = f.int4_group;
   o.int4_lm_head = f.int4_lm_head;
+  o.mtp = f.mtp;
   auto d = parse_kv_dtype(f.kv_dtype);
   if (!d) return d.error();
   o.kv_dtype = *d;

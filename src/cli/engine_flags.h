@@ -33,6 +33,7 @@ struct EngineFlags {
   std::string prefill_weights = "native", decode_weights = "native";
   int int4_group = 128;
   bool int4_lm_head = false;
+  bool mtp = false;
   // Under mpirun: tensor / expert parallelism over its processes, and how
   // long a collective may wait for a peer before every rank stops.
   int tp = 1, ep = 1;

@@ -122,6 +122,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
                                  o.int4_lm_head);
   if (!wo) return wo.error();
   wo->backend = o.device;
+  wo->mtp = o.mtp;
   // The model path is opened once: the config, every weight set and the
   // tokenizer come from the same files.
   Result<std::unique_ptr<Model>> m = make_error("engine: model not loaded");
@@ -151,7 +152,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
   const ModelConfig& c = e->model_->config();
 
   KvGeometry g;
-  g.layers = c.layers;
+  g.layers = c.kv_layers();
   g.kv_heads = c.cache_heads();
   g.head_dim = c.cache_dim();
   g.shared_kv = c.mla();
@@ -176,6 +177,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& o) {
     auto sc = static_kv_scales(*s, path, c.layers, e->model_->full_config().cache_heads(),
                                held.begin, held.end, o.kv_dtype);
     if (!sc) return make_error("engine: " + sc.error().message);
+    // The MTP layer (drafts only) takes the last main layer's scales.
+    const size_t per_layer = size_t(held.end - held.begin);
+    for (int64_t k = 0; k < c.mtp_layers; ++k)
+      for (auto* v : {&sc->k, &sc->v}) {
+        const std::vector<float> last(v->end() - std::ptrdiff_t(per_layer), v->end());
+        v->insert(v->end(), last.begin(), last.end());
+      }
     po.static_k_scales = std::move(sc->k);
     po.static_v_scales = std::move(sc->v);
   }
@@ -259,6 +267,10 @@ Result<void> Engine::check_request(Request& r) const {
         "structured output and forced tool calls are not available with tensor or expert "
         "parallelism");
   KV_TRY(check_speculative_params(r.speculative));
+  if (r.speculative.method == SpecMethod::kMtp && r.speculative.num_tokens > 0 && c.mtp_layers == 0)
+    return make_error(
+        "speculative method mtp needs the model's multi-token-prediction layer: this engine "
+        "runs without one (start it with --mtp on a checkpoint with num_nextn_predict_layers)");
   for (const auto& [t, b] : r.sampling.logit_bias)
     if (t >= c.vocab)
       return make_error("logit_bias token id " + std::to_string(t) +
@@ -638,6 +650,7 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
   }
   I.record_prompt_logprobs(plan, vocab);
   sample_and_stream(plan, vocab);
+  if (model_->config().mtp_layers > 0 && !I.batch.seqs.empty()) run_mtp(plan);
   KV_TRY(scheduler_->commit(I.sampled, I.accepted));
   for (Req* r : I.to_finish) {
     if (scheduler_->find(r->seq) != nullptr)

@@ -69,6 +69,11 @@ struct EngineOptions {
   std::string prefill_weights = "native", decode_weights = "native";
   int int4_group = 128;
   bool int4_lm_head = false;
+  // Load the checkpoint's multi-token-prediction layer and run it after
+  // every step over the positions the step computed (its K/V in the pages
+  // beside the main layers'), so that a request asking for speculative
+  // method kMtp drafts the token after next from it.
+  bool mtp = false;
   // KV cache.
   KvDType kv_dtype = KvDType::kBf16;
   // FP8 only: kStatic needs per-(layer, KV head) scales from a calibration
@@ -197,6 +202,7 @@ struct EngineStats {
   // Speculative decoding: decode steps that carried a draft, draft tokens
   // fed, and how many of them were accepted.
   int64_t spec_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  double mtp_seconds = 0;  // in the multi-token-prediction pass (also in forward_seconds)
   double forward_seconds = 0, verify_seconds = 0;
   // Of forward_seconds, the time in collectives (tensor / expert parallelism).
   double comm_seconds = 0;
@@ -304,6 +310,10 @@ class Engine {
   // scheduler before it plans; a drafted entry's rows drawn in order while
   // the draws agree with the draft (plan entry i, its first logits row row0).
   void propose_drafts();
+  // The MTP layer over the positions this step computed and kept (their
+  // next tokens now known): its K/V, and the drafts of the requests that
+  // ask for them.
+  void run_mtp(const StepPlan& plan);
   void sample_drafted(Req& r, const ScheduledSequence& e, size_t i, size_t row0, int64_t vocab);
   // One drawn token of request r (plan entry i, its pages `pages`) from
   // `row`: constraint, sampler, stop logic and the event. False when the

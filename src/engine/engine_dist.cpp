@@ -35,7 +35,7 @@ Result<void> Engine::check_ranks_agree() {
     << ' ' << f.moe_top_k << ' ' << f.kv_lora_rank << ' ' << f.max_positions << ' '
     << f.rms_eps << ' ' << f.rope.theta << " | " << model_->set_precision(model_->prefill_set())
     << ' ' << model_->set_precision(model_->decode_set()) << ' ' << o.prefill_weights << ' '
-    << o.decode_weights << ' ' << o.int4_group << ' ' << o.int4_lm_head << ' ' << int(o.kv_dtype)
+    << o.decode_weights << ' ' << o.int4_group << ' ' << o.int4_lm_head << ' ' << o.mtp << ' ' << int(o.kv_dtype)
     << ' ' << int(o.kv_scale_mode) << ' ' << o.page_tokens << ' ' << o.max_step_tokens << ' '
     << o.max_running << ' ' << o.max_context << ' ' << o.prefix_caching << ' '
     << o.prefix_checksums << ' ' << o.integrity_checks << ' ' << o.debug_fault_interval << ' '

@@ -35,6 +35,10 @@ struct Engine::Req {
   int64_t cached_tokens = -1;  // set at the first scheduled chunk
   bool done = false;
   SpeculativePacer pacer;
+  // Multi-token prediction: the MTP layer's draft from the last step and the
+  // position it is for (-1: none).
+  int32_t mtp_draft = -1;
+  int64_t mtp_draft_pos = -1;
   // Disaggregation (kv_handoff.h): what a handoff request hands out with its
   // final event, and what an imported one starts from.
   std::unique_ptr<KvHandoff> handoff_out;
@@ -63,6 +67,11 @@ struct Engine::Impl {
   std::vector<int32_t> accepted;  // draft tokens accepted per plan entry
   std::vector<int32_t> draft;     // scratch for a proposal
   std::vector<Req*> to_finish;
+  // The MTP pass's batch, its source rows, logits and the requests drafting.
+  Batch mtp_batch;
+  std::vector<int64_t> mtp_src;
+  std::vector<float> mtp_logits;
+  std::vector<Req*> mtp_req;
   EngineStats stats;
   uint64_t seed_counter = 0;
   // Imported requests waiting for pages (or a running slot), oldest first.

@@ -1,7 +1,11 @@
-// Speculative decoding in the engine step (speculative.h): prompt-lookup
-// drafts offered to the scheduler before it plans, and a drafted entry's
-// rows drawn in order, one token per row, while each drawn token equals the
-// draft token the next row was computed with.
+// Speculative decoding in the engine step (speculative.h): drafts (prompt
+// lookup, or the MTP layer's from the last step) offered to the scheduler
+// before it plans, a drafted entry's rows drawn in order, one token per
+// row, while each drawn token equals the draft token the next row was
+// computed with, and the MTP pass after the draws.
+#include <chrono>
+#include <cstdio>
+
 #include "engine/engine_internal.h"
 
 namespace kvant {
@@ -17,7 +21,14 @@ void Engine::propose_drafts() {
         int64_t(s->tokens.size()) - s->computed != 1)
       continue;
     if (!r.pacer.may_draft(running)) continue;
-    ngram_propose(s->tokens, r.request.speculative, I.draft);
+    if (r.request.speculative.method == SpecMethod::kMtp) {
+      // The MTP layer's draft for the position after the pending token.
+      I.draft.clear();
+      if (r.mtp_draft >= 0 && r.mtp_draft_pos == int64_t(s->tokens.size()))
+        I.draft.push_back(r.mtp_draft);
+    } else {
+      ngram_propose(s->tokens, r.request.speculative, I.draft);
+    }
     if (!I.draft.empty()) scheduler_->propose(r.seq, I.draft);
   }
 }
@@ -39,6 +50,61 @@ void Engine::sample_drafted(Req& r, const ScheduledSequence& e, size_t i, size_t
   S.spec_draft_tokens += e.draft;
   S.spec_accepted_tokens += accepted;
   r.pacer.record(e.draft, accepted);
+}
+
+void Engine::run_mtp(const StepPlan& plan) {
+  auto& I = *impl_;
+  Batch& b = I.mtp_batch;
+  b.tokens.clear();
+  b.seqs.clear();
+  I.mtp_src.clear();
+  I.mtp_req.clear();
+  int64_t row = 0;  // the entry's first token row in the step's forward
+  for (size_t j = 0; j < I.batch_index.size(); row += I.batch.seqs[j].n_tokens, ++j) {
+    const size_t i = I.batch_index[j];
+    if (j > 0 && I.batch_index[j - 1] == i) continue;  // a drafted entry's later rows
+    const auto& e = plan.sequences[i];
+    auto it = I.by_seq.find(e.id);
+    const SequenceState* s = scheduler_->find(e.id);
+    if (it == I.by_seq.end() || s == nullptr) continue;
+    Req& r = *it->second;
+    // Positions kept: a drafted decode's last token and its accepted drafts.
+    const int64_t kept = e.draft > 0 ? 1 + I.accepted[i] : e.n_tokens;
+    // Each position's next token: the step's own tokens, then the prompt's
+    // next one (a chunk inside the prompt) or the token drawn now.
+    const int64_t after = e.start + kept;
+    const int32_t next = e.draft == 0 && after < int64_t(s->tokens.size())
+                             ? s->tokens[size_t(after)]
+                             : I.sampled[i];
+    if (next < 0) continue;
+    b.tokens.insert(b.tokens.end(), e.tokens.begin() + 1, e.tokens.begin() + kept);
+    b.tokens.push_back(next);
+    const bool drafts = !r.done && r.request.speculative.method == SpecMethod::kMtp &&
+                        r.request.speculative.num_tokens > 0;
+    SeqChunk ch{I.batch.seqs[j].kv, e.start, kept, false};
+    ch.no_logits = !drafts;
+    b.seqs.push_back(ch);
+    I.mtp_src.push_back(row);
+    if (drafts) I.mtp_req.push_back(&r);
+    r.mtp_draft = -1;
+    r.mtp_draft_pos = drafts ? after + 1 : -1;
+  }
+  if (b.seqs.empty()) return;
+  const int64_t vocab = model_->config().vocab;
+  I.mtp_logits.resize(size_t(b.logit_rows() * vocab));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto fr = model_->forward_mtp(b, I.mtp_src, I.mtp_logits);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  I.stats.forward_seconds += dt;
+  I.stats.mtp_seconds += dt;
+  if (!fr.ok()) {
+    // Drafts only: the requests go on without them.
+    std::fprintf(stderr, "kvant: multi-token prediction failed: %s\n", fr.error().message.c_str());
+    return;
+  }
+  for (size_t k = 0; k < I.mtp_req.size(); ++k)
+    I.mtp_req[k]->mtp_draft = Sampler::argmax(
+        std::span<const float>(I.mtp_logits.data() + k * size_t(vocab), size_t(vocab)));
 }
 
 }  // namespace kvant

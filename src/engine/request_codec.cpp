@@ -203,6 +203,7 @@ void put_request(Writer& w, const Request& q) {
   w.i32(speculative.num_tokens);
   w.i32(speculative.min_ngram);
   w.i32(speculative.max_ngram);
+  w.i32(int32_t(speculative.method));
 }
 
 void get_request(Reader& r, Request& q) {
@@ -221,6 +222,7 @@ void get_request(Reader& r, Request& q) {
   speculative.num_tokens = r.i32("speculative.num_tokens");
   speculative.min_ngram = r.i32("speculative.min_ngram");
   speculative.max_ngram = r.i32("speculative.max_ngram");
+  speculative.method = SpecMethod(r.i32("speculative.method"));
 }
 
 // The fewest bytes a submitted entry takes: its id and a request with every

@@ -45,7 +45,7 @@ struct StepInputs {
 };
 
 inline constexpr char kStepInputsMagic[4] = {'K', 'V', 'S', 'I'};
-inline constexpr uint8_t kStepInputsVersion = 3;  // 2: Request::handoff; 3: logit_bias
+inline constexpr uint8_t kStepInputsVersion = 4;  // 2: Request::handoff; 3: logit_bias; 4: speculative method
 
 std::vector<std::byte> encode_step_inputs(const StepInputs& inputs);
 // Errors name what was wrong and the byte offset where it was found: a

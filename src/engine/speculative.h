@@ -19,6 +19,12 @@
 
 namespace kvant {
 
+// Where drafts come from: prompt lookup, or the model's multi-token-
+// prediction layer (an engine started with EngineOptions::mtp), which
+// predicts the token after next from the main model's last hidden state and
+// the token just drawn: one draft token per step, the MTP layer's argmax.
+enum class SpecMethod : int32_t { kNgram = 0, kMtp = 1 };
+
 struct SpeculativeParams {
   // Draft tokens offered per step at most; 0: off.
   int32_t num_tokens = 0;
@@ -26,9 +32,11 @@ struct SpeculativeParams {
   // tokens is tried before shorter ones, down to min_ngram.
   int32_t min_ngram = 2;
   int32_t max_ngram = 4;
+  SpecMethod method = SpecMethod::kNgram;
 };
 
-// Errors: num_tokens outside [0, 16], min_ngram < 1, max_ngram < min_ngram or > 16.
+// Errors: num_tokens outside [0, 16] (mtp: above 1), min_ngram < 1,
+// max_ngram < min_ngram or > 16, an unknown method.
 Result<void> check_speculative_params(const SpeculativeParams& p);
 
 // The draft for `tokens` (prompt + output so far): for n from max_ngram down

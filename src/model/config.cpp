@@ -141,6 +141,8 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& p
   c.head_dim = j.contains("head_dim") && j["head_dim"].is_number() ? j["head_dim"].get<int64_t>()
                                                                   : c.hidden / c.heads;
   c.max_positions = j.value("max_position_embeddings", int64_t(4096));
+  if (j.contains("num_nextn_predict_layers") && j["num_nextn_predict_layers"].is_number_integer())
+    c.nextn_layers = std::max<int64_t>(0, j["num_nextn_predict_layers"].get<int64_t>());
   c.rms_eps = j.value("rms_norm_eps", 1e-6f);
   c.tie_embeddings = j.value("tie_word_embeddings", c.arch->hf_tie_default);
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number()) c.bos_id = j["bos_token_id"];

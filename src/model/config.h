@@ -107,6 +107,17 @@ struct ModelConfig {
            (idx ? index_head_dim + index_heads : 0);
   }
 
+  // Multi-token prediction (DeepSeek-V3, GLM-4.5: num_nextn_predict_layers):
+  // MTP layers loaded (WeightOptions::mtp; 0 otherwise, whatever the
+  // checkpoint has). Each is a decoder layer of its own after the main ones
+  // (layer index layers + k, with KV pages of its own in the cache) plus
+  // the norms and the projection that join a main hidden state with the
+  // next token's embedding (ModelWeights::mtp). It drafts tokens only.
+  int64_t mtp_layers = 0;
+  int64_t nextn_layers = 0;  // the checkpoint's MTP layers, loaded or not
+  // Layers whose K/V the cache holds: the main ones and the MTP layers.
+  int64_t kv_layers() const { return layers + mtp_layers; }
+
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
   Result<void> validate() const;

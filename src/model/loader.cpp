@@ -535,15 +535,41 @@ class Loader {
       if (!rf) return rf.error();
       w.rope_freq_factors = std::move(*rf);
     }
-    const bool unpermute = names_.naming == Naming::Gguf && c.arch->gguf_qk_permuted;
-    for (int64_t i = 0; i < c.layers; ++i) {
+    for (int64_t i = 0; i < c.kv_layers(); ++i) {
       LayerWeights L;
-      auto N = [&](const char* role) { return names_.layer(i, role); };
-      auto an = norm(N("attn_norm"), c.hidden); if (!an) return an.error();
-      L.attn_norm = std::move(*an);
-      if (c.mla()) {
-        KV_TRY(mla(i, L));
-      } else {
+      KV_TRY(layer(i, L, norm));
+      w.layers.push_back(std::move(L));
+    }
+    for (int64_t k = 0; k < c.mtp_layers; ++k) {
+      // The MTP layer's own parts, under its decoder layer's prefix.
+      const std::string p = "model.layers." + std::to_string(c.layers + k) + ".";
+      MtpWeights M;
+      for (auto [name, dst] : {std::pair{"enorm", &M.enorm}, {"hnorm", &M.hnorm},
+                               {"shared_head.norm", &M.head_norm}}) {
+        auto v = norm(p + name + ".weight", c.hidden);
+        if (!v) return v.error();
+        *dst = std::move(*v);
+      }
+      auto eh = matrix({{p + "eh_proj.weight", c.hidden}}, 2 * c.hidden);
+      if (!eh) return eh.error();
+      M.eh_proj = std::move(*eh);
+      w.mtp.push_back(std::move(M));
+    }
+    return w;
+  }
+
+  // Decoder layer i: attention (GQA or latent), the MLP or the routed
+  // experts, the norms.
+  template <class Norm>
+  Result<void> layer(int64_t i, LayerWeights& L, Norm& norm) {
+    const auto& c = cfg_;
+    const bool unpermute = names_.naming == Naming::Gguf && c.arch->gguf_qk_permuted;
+    auto N = [&](const char* role) { return names_.layer(i, role); };
+    auto an = norm(N("attn_norm"), c.hidden); if (!an) return an.error();
+    L.attn_norm = std::move(*an);
+    if (c.mla()) {
+      KV_TRY(mla(i, L));
+    } else {
       std::function<void(size_t, std::vector<float>&)> perm;
       if (unpermute)
         perm = [&](size_t part, std::vector<float>& v) {
@@ -568,26 +594,24 @@ class Loader {
         L.k_norm = std::move(*kn);
       }
       KV_TRY(product({{N("wo"), c.hidden}}, c.q_dim(), L.wo, L.wo_q, quant_, {}, qr));
-      }
-      auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
-      L.ffn_norm = std::move(*fnm);
-      if (!c.moe_layer.empty() && c.moe_layer[size_t(i)]) {
-        KV_TRY(moe(i, L));
-      } else {
-        const Keep fk = ffn_keep();
-        KV_TRY(product({{N("w_gate"), c.ffn, fk}, {N("w_up"), c.ffn, fk}}, c.hidden, L.w_gate_up,
-                       L.w_gate_up_q, quant_));
-        KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q, quant_, {}, fk));
-      }
-      if (c.post_norms) {
-        auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
-        auto pf = norm(N("post_ffn_norm"), c.hidden); if (!pf) return pf.error();
-        L.post_attn_norm = std::move(*pa);
-        L.post_ffn_norm = std::move(*pf);
-      }
-      w.layers.push_back(std::move(L));
     }
-    return w;
+    auto fnm = norm(N("ffn_norm"), c.hidden); if (!fnm) return fnm.error();
+    L.ffn_norm = std::move(*fnm);
+    if (!c.moe_layer.empty() && c.moe_layer[size_t(i)]) {
+      KV_TRY(moe(i, L));
+    } else {
+      const Keep fk = ffn_keep();
+      KV_TRY(product({{N("w_gate"), c.ffn, fk}, {N("w_up"), c.ffn, fk}}, c.hidden, L.w_gate_up,
+                     L.w_gate_up_q, quant_));
+      KV_TRY(product({{N("w_down"), c.hidden}}, c.ffn, L.w_down, L.w_down_q, quant_, {}, fk));
+    }
+    if (c.post_norms) {
+      auto pa = norm(N("post_attn_norm"), c.hidden); if (!pa) return pa.error();
+      auto pf = norm(N("post_ffn_norm"), c.hidden); if (!pf) return pf.error();
+      L.post_attn_norm = std::move(*pa);
+      L.post_ffn_norm = std::move(*pf);
+    }
+    return {};
   }
 
  private:
@@ -650,6 +674,31 @@ Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& 
   return load_model(**f, opts);
 }
 
+namespace {
+// The MTP layer when asked for: the checkpoint's first one, its decoder
+// layer after the main ones (per-layer switches extended to it: its MLP is
+// routed when the last main layer's is).
+Result<void> apply_mtp_option(const ModelFiles& files, Naming naming, const WeightSetOptions& opts,
+                              ModelConfig& c) {
+  if (!opts.mtp) {
+    c.mtp_layers = 0;
+    return {};
+  }
+  const std::string why = files.path() + ": multi-token prediction (--mtp): ";
+  if (naming != Naming::Hf || c.nextn_layers <= 0)
+    return make_error(why + "the checkpoint has no MTP layer (a Hugging Face config.json with "
+                            "num_nextn_predict_layers, as DeepSeek-V3 and GLM-4.5 have)");
+  if (c.index_topk > 0)
+    return make_error(why + "not supported with sparse attention (DSA) yet");
+  if (opts.tp > 1 || opts.ep > 1)
+    return make_error(why + "not supported under tensor or expert parallelism yet");
+  c.mtp_layers = 1;
+  if (!c.moe_layer.empty()) c.moe_layer.push_back(c.moe_layer.back());
+  if (!c.sliding.empty()) c.sliding.push_back(0);
+  return {};
+}
+}  // namespace
+
 Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& opts) {
   namespace fs = std::filesystem;
   LoadedModel m;
@@ -666,6 +715,7 @@ Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& 
     m.config = std::move(*c);
     naming = Naming::Gguf;
   }
+  KV_TRY(apply_mtp_option(files, naming, opts, m.config));
   WeightPrecision prec = opts.precision;
   if (prec == WeightPrecision::kNative)
     prec = files.int4() ? WeightPrecision::kInt4

@@ -137,6 +137,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
     so.precision = want[phase];
     so.int4_group = opts.int4_group;
     so.int4_lm_head = opts.int4_lm_head;
+    so.mtp = opts.mtp;
     so.backend = be.get();
     if (ranks > 1) {
       so.tp = par.tp, so.tp_rank = par.tp > 1 ? rank : 0;
@@ -239,6 +240,10 @@ void Model::ensure_workspace(int64_t T, int64_t ctx, int64_t gather_rows) {
       ws.moe_off.resize(size_t(c.n_experts + 1));
       ws.moe_fill.resize(size_t(c.n_experts));
     }
+    if (c.mtp_layers > 0) {
+      f32(ws.mtp_h, T * c.hidden);
+      f32(ws.mtp_cat, T * 2 * c.hidden);
+    }
     if (c.index_topk > 0) {
       f32(ws.iq, T * c.index_heads * c.index_head_dim);
       ws.sel.resize(size_t(T * c.index_topk));
@@ -293,8 +298,8 @@ Result<void> Model::plan_step(const Batch& b) {
     if (c.index_topk > 0 && f.index_dim != c.index_head_dim)
       return make_error("forward: the KV pages carry no sparse-attention indexer keys");
     if (f.elem != KvDType::kBf16 && !f.dynamic_scales &&
-        (int64_t(f.static_k.size()) != c.layers * c.cache_heads() ||
-         int64_t(f.static_v.size()) != c.layers * c.cache_heads()))
+        (int64_t(f.static_k.size()) != c.kv_layers() * c.cache_heads() ||
+         int64_t(f.static_v.size()) != c.kv_layers() * c.cache_heads()))
       return make_error("forward: static FP8 KV needs one K and one V scale per layer and KV head");
     if (s.pos0 < 0 || s.pos0 + s.n_tokens > s.kv->capacity())
       return make_error("forward: positions [" + std::to_string(s.pos0) + ", " +
@@ -371,20 +376,22 @@ Result<void> Model::forward(const Batch& b, std::span<float> logits) {
 
 // Final norm and logits for the rows that want them (each row with its
 // chunk's weight set), soft-capped where the model says.
-void Model::logits_forward(const Batch& b, std::span<float> logits) {
+void Model::logits_forward(const Batch& b, std::span<float> logits, bool mtp_head) {
   const auto& c = cfg_;
   const int64_t T = plan_.n_tokens();
   const F32 x = dense(ws_->x.data(), T, c.hidden), h = dense(ws_->h.data(), T, c.hidden);
   int64_t r = 0, t0 = 0;
   for (const auto& s : b.seqs) {
     const int set = s.n_tokens == 1 ? decode_set_ : prefill_set_;
-    const int64_t first = s.all_logits ? t0 + s.logit_skip : t0 + s.n_tokens - 1;
-    const int64_t n = t0 + s.n_tokens - first;
-    be_->rmsnorm(x.sub_rows(first, n), sets_[size_t(set)].out_norm.data(), c.rms_eps,
-                 h.sub_rows(r, n));
+    const int64_t n = s.logit_count(), first = t0 + s.n_tokens - n;
+    const ModelWeights& W = sets_[size_t(set)];
+    if (n > 0)
+      be_->rmsnorm(x.sub_rows(first, n), mtp_head ? W.mtp[0].head_norm.data() : W.out_norm.data(),
+                   c.rms_eps, h.sub_rows(r, n));
     r += n;
     t0 += s.n_tokens;
   }
+  if (r == 0) return;
   // Under tensor parallelism each rank computes its vocabulary slice's
   // columns, padded to vocab_per_rank, then they are gathered.
   const bool split = comm_ && tp_ > 1;
@@ -395,7 +402,7 @@ void Model::logits_forward(const Batch& b, std::span<float> logits) {
   const int64_t held = shard_.vocab.size();
   for (const auto& sg : logit_segs_) {
     const ModelWeights& W = sets_[size_t(sg.set)];
-    if (held > 0)
+    if (held > 0 && sg.t1 > sg.t0)
       be_->linear(h.sub_rows(sg.t0, sg.t1 - sg.t0), {&W.lm_head(), &W.output_q},
                   out.sub_rows(sg.t0, sg.t1 - sg.t0).sub_cols(0, held));
   }

@@ -38,7 +38,8 @@ struct SeqChunk {
   // With all_logits: the first logit_skip tokens get none (the rows start at
   // token logit_skip of the chunk).
   int64_t logit_skip = 0;
-  int64_t logit_count() const { return all_logits ? n_tokens - logit_skip : 1; }
+  bool no_logits = false;  // no logits at all (the K/V rows only)
+  int64_t logit_count() const { return no_logits ? 0 : all_logits ? n_tokens - logit_skip : 1; }
 };
 
 struct Batch {
@@ -57,6 +58,8 @@ struct WeightOptions {
   int int4_group = 128;       // quantizing a BF16/GGUF checkpoint at load (RTN)
   bool int4_lm_head = false;  // ... including the output projection
   std::string backend = "cpu";  // backend::available_backends()
+  // Also load the checkpoint's multi-token-prediction layer (forward_mtp).
+  bool mtp = false;
 };
 
 // Tensor and expert parallelism (dist/shard_plan.h): the processes of
@@ -149,6 +152,18 @@ class Model {
   // in seqs order. Returns an error for out-of-range tokens or positions.
   Result<void> forward(const Batch& batch, std::span<float> logits);
 
+  // Multi-token prediction (config().mtp_layers > 0): the MTP layer over
+  // rows of the last forward. Chunk k of `batch` covers positions
+  // [pos0, pos0 + n_tokens) of a sequence whose main hidden states (the last
+  // layer's output, before the final norm) are rows src_row0[k] ... of the
+  // last forward, in order; its tokens are each position's next token. The
+  // layer writes its K/V at those positions (its own pages, layer index
+  // config().layers) and the logits it gives predict the token after that
+  // next one: the draft. Call it before the next forward; the rows must
+  // belong to the last forward.
+  Result<void> forward_mtp(const Batch& batch, std::span<const int64_t> src_row0,
+                           std::span<float> logits);
+
  private:
   struct Workspace;  // model/model_impl.h
   // Rows [t0, t1) of the batch that use weight set `set`.
@@ -176,7 +191,7 @@ class Model {
   void moe_forward(int64_t layer);         // blocks/moe.cpp
   void mlp_forward(int64_t layer);         // blocks/mlp.cpp
   void rope_tables();                      // blocks/rope.cpp
-  void logits_forward(const Batch& b, std::span<float> logits);
+  void logits_forward(const Batch& b, std::span<float> logits, bool mtp_head = false);
   const LayerWeights& layer(int set, int64_t l) const { return sets_[size_t(set)].layers[size_t(l)]; }
   // Product `which` (0 q|k|v, 1 o, 2 gate|up, 3 down) of layer l for every
   // row, each row segment through its weight set.

@@ -43,6 +43,9 @@ struct Model::Workspace {
   backend::Buffer<float> lg_local, lg_all, ep_send, ep_recv, ep_own, ep_all;
   std::vector<int64_t> ep_src_rows, ep_recv_slot, ep_fill, ep_base;
   std::vector<size_t> ep_send_bytes, ep_recv_bytes;
+  // MTP: the main hidden rows it reads [T, H] and its joined input [T, 2H].
+  backend::Buffer<float> mtp_h, mtp_cat;
+  std::vector<int64_t> mtp_src;
   std::vector<int32_t> sel;
   std::vector<uint8_t> sparse;
 };

@@ -9,7 +9,7 @@ namespace kvant {
 KvGeometry kv_geometry_for(const ModelConfig& c, KvDType dtype, KvScaleMode mode,
                            int64_t page_tokens) {
   KvGeometry g;
-  g.layers = c.layers;
+  g.layers = c.kv_layers();
   g.kv_heads = c.cache_heads();
   g.head_dim = c.cache_dim();
   g.dtype = dtype;

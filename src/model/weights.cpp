@@ -31,6 +31,8 @@ void for_each_linear(const ModelWeights& w, const std::function<void(const Linea
     for (size_t h = 0; h < L.w_uv.size(); ++h) visit("uv." + std::to_string(h), L.w_uv[h], nullptr);
     visit("indexer.q_b", L.idx_wq_b, nullptr);
   }
+  for (size_t k = 0; k < w.mtp.size(); ++k)
+    fn({"mtp." + std::to_string(k) + ".eh_proj", &w.mtp[k].eh_proj, nullptr, false});
 }
 
 std::string weights_precision(const ModelWeights& w) {

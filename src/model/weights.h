@@ -61,13 +61,25 @@ struct LayerWeights {
   std::vector<float> idx_k_norm, idx_k_bias;  // [index_head_dim]
 };
 
+// A multi-token-prediction layer's own parts (its decoder layer is
+// ModelWeights::layers[layers + k]): the norms of the next token's embedding
+// and of the main hidden state, the projection of the two concatenated
+// [hidden, 2*hidden], and the norm before the output head. The embedding
+// and the head are the main model's (the checkpoints' copies are the same
+// tensors).
+struct MtpWeights {
+  std::vector<float> enorm, hnorm, head_norm;  // [hidden]
+  Matrix eh_proj;                              // [hidden, 2*hidden]: [embedding ; hidden] inputs
+};
+
 struct ModelWeights {
   Matrix embed;                  // [vocab, hidden]
   Matrix output;                 // [vocab, hidden]; empty when tied to embed
   QMatrix output_q;             // INT4 or FP8 lm_head, when quantized
   std::vector<float> out_norm;   // [hidden]
   std::vector<float> rope_freq_factors;  // [head_dim/2] divisors (Llama 3 GGUF), or empty
-  std::vector<LayerWeights> layers;
+  std::vector<LayerWeights> layers;  // the main layers, then the MTP layers' decoder layers
+  std::vector<MtpWeights> mtp;
   const Matrix& lm_head() const { return output.rows ? output : embed; }
 };
 

@@ -122,10 +122,12 @@ struct Reader {
   }
 };
 
-// Not OpenAI's: speculative decoding by prompt lookup, per request. true:
-// the defaults; false: off; an object {"method": "ngram",
+// Not OpenAI's: speculative decoding, per request. true: prompt lookup with
+// the defaults; false: off; an object {"method": "ngram" | "mtp",
 // "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
-// (vLLM's names for its server-wide setting), each key optional.
+// (vLLM's names for its server-wide setting), each key optional. "mtp"
+// drafts with the model's multi-token-prediction layer (a server started
+// with --mtp): one token per step, no lookup lengths.
 void read_speculative(Reader& rd, ParsedRequest& r) {
   const json* v = rd.field("speculative");
   if (!v || rd.err) return;
@@ -136,15 +138,24 @@ void read_speculative(Reader& rd, ParsedRequest& r) {
   }
   if (!v->is_object()) return rd.type_error("speculative", "a boolean or an object", *v);
   SpeculativeParams p{kDefaultSpeculativeTokens, 2, 4};
+  bool tokens_given = false;
+  std::string lookup_given;
   for (auto it = v->begin(); it != v->end() && !rd.err; ++it) {
     const std::string& k = it.key();
     const std::string name = "speculative." + k;
     if (it->is_null()) continue;
     if (k == "method") {
-      if (!it->is_string() || *it != "ngram")
-        rd.err = bad("'" + name + "' must be \"ngram\" (prompt lookup), got " + it->dump(), name);
+      if (it->is_string() && *it == "mtp") {
+        p.method = SpecMethod::kMtp;
+        if (!tokens_given) p.num_tokens = 1;
+      } else if (!it->is_string() || *it != "ngram") {
+        rd.err = bad("'" + name + "' must be \"ngram\" (prompt lookup) or \"mtp\" (the model's "
+                     "multi-token-prediction layer), got " + it->dump(), name);
+      }
       continue;
     }
+    if (k == "num_speculative_tokens") tokens_given = true;
+    if (k == "prompt_lookup_min" || k == "prompt_lookup_max") lookup_given = name;
     int32_t* dst = k == "num_speculative_tokens" ? &p.num_tokens
                    : k == "prompt_lookup_min"    ? &p.min_ngram
                    : k == "prompt_lookup_max"    ? &p.max_ngram
@@ -159,6 +170,10 @@ void read_speculative(Reader& rd, ParsedRequest& r) {
     }
   }
   if (rd.err) return;
+  if (p.method == SpecMethod::kMtp && !lookup_given.empty()) {
+    rd.err = bad("'" + lookup_given + "' applies to method ngram, not mtp", lookup_given);
+    return;
+  }
   if (auto ok = check_speculative_params(p); !ok.ok())
     rd.err = bad(ok.error().message, "speculative");
   else
