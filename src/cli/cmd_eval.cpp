@@ -103,7 +103,7 @@ Result<void> load_model(const Opts& o, const Local& l, Ctx& c) {
 
 // The model's tokenizer (Ctx::load_tokenizer).
 Result<void> load_tokenizer(const Opts& o, Ctx& c) {
-  auto t = load_tokenizer_for(o.ef.model, nullptr);
+  auto t = load_tokenizer_for(o.ef.tokenizer.empty() ? o.ef.model : o.ef.tokenizer, nullptr);
   if (!t) return t.error();
   c.tok = std::move(*t);
   return {};

@@ -27,6 +27,7 @@ struct GenOpts {
   std::vector<std::string> stop;
   SamplingParams sp;
   SpeculativeParams spec;
+  std::string spec_method = "ngram";
 };
 
 double now_s() {
@@ -62,6 +63,13 @@ int run_generate(const GenOpts& o) {
   auto eo = engine_options(o.engine);
   if (!eo) return fail(eo.error().message);
   eo->max_running = 1;
+  SpeculativeParams spec = o.spec;
+  if (o.spec_method == "mtp") {
+    // Drafts from the MTP layer: load it; one token per step.
+    eo->mtp = true;
+    spec.method = SpecMethod::kMtp;
+    spec.num_tokens = 1;
+  }
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
   Engine& eng = **created;
@@ -96,7 +104,7 @@ int run_generate(const GenOpts& o) {
   r.stop.max_tokens = o.n_predict;
   r.stop.stop = o.stop;
   r.stop.ignore_eos = o.ignore_eos;
-  r.speculative = o.spec;
+  r.speculative = spec;
   double t_first = 0, t_last = 0;
   int64_t generated = 0;
   FinishReason finish = FinishReason::None;
@@ -130,7 +138,7 @@ int run_generate(const GenOpts& o) {
                ids.size(), double(ids.size()) / prefill_s, (long long)generated,
                generated > 1 ? double(generated - 1) / decode_s : 0.0,
                std::string(finish_reason_name(finish)).c_str(), num_threads());
-  if (o.spec.num_tokens > 0) {
+  if (spec.num_tokens > 0) {
     const EngineStats s = eng.stats();
     std::fprintf(stderr, "speculative: %lld draft tokens, %lld accepted (%.0f%%) in %lld steps\n",
                  (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens,
@@ -168,6 +176,10 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--speculative", o.spec.num_tokens,
                   "speculative decoding by prompt lookup: draft tokens per step (0 = off)")
       ->check(CLI::Range(0, 16));
+  cmd->add_option("--speculative-method", o.spec_method,
+                  "where drafts come from: ngram (prompt lookup) or mtp (the checkpoint's "
+                  "multi-token-prediction layer, loaded as with --mtp; one draft token per step)")
+      ->check(CLI::IsMember({"ngram", "mtp"}));
   cmd->add_option("--lookup-min", o.spec.min_ngram, "shortest suffix a draft is looked up by")
       ->check(CLI::Range(1, 16));
   cmd->add_option("--lookup-max", o.spec.max_ngram, "longest suffix a draft is looked up by")

@@ -11,6 +11,8 @@ namespace kvant::cli {
 void add_engine_flags(CLI::App* cmd, EngineFlags& f, bool with_model) {
   if (with_model)
     cmd->add_option("-m,--model", f.model, "GGUF file or Hugging Face directory")->required();
+  cmd->add_option("--tokenizer", f.tokenizer,
+                  "the tokenizer of another GGUF file or directory (default: the model's own)");
   cmd->add_option("-t,--threads", f.threads, "worker threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--device", f.device,
@@ -109,6 +111,7 @@ Result<std::shared_ptr<dist::Communicator>> world_communicator() {
 Result<EngineOptions> engine_options(const EngineFlags& f) {
   EngineOptions o;
   o.model_path = f.model;
+  o.tokenizer_path = f.tokenizer;
   o.threads = f.threads;
   o.device = f.device;
   o.prefill_weights = f.prefill_weights;

@@ -13,6 +13,7 @@ namespace kvant::cli {
 
 struct EngineFlags {
   std::string model;
+  std::string tokenizer;  // empty: the model's own
   int threads = 0;
   std::string device = "cpu";
   std::string kv_dtype = "bf16";

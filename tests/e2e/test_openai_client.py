@@ -2,13 +2,16 @@
 chat and completions, streamed and not, usage, stop sequences, seeded
 determinism, logprobs, /v1/models, the API key. Every test runs twice: on
 one server, and through `kvant router` in front of a prefill and a decode
-server (a client cannot tell them apart)."""
+server (a client cannot tell them apart); the multi-token-prediction test
+starts servers of its own."""
+import json
 import math
+import os
 
 import openai
 import pytest
 
-from kvant_server import MODEL_ID, Server, Stack
+from kvant_server import MODEL_ID, Server, Stack, model_path
 
 API_KEY = "test-key-123"
 
@@ -279,3 +282,35 @@ def test_speculative_decoding_changes_nothing_but_speed(server, client):
         client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=4,
                                        extra_body={"speculative": {"method": "eagle"}})
     assert "speculative.method" in str(e.value)
+
+
+MTP_MODEL = os.path.join(os.path.dirname(__file__), "..", "fixtures", "mtp", "glm4_moe_trained")
+
+
+def test_mtp_drafts_over_http():
+    # A GLM-4.5-shaped fixture with a trained multi-token-prediction layer
+    # (tools/fixtures/gen_mtp.py), the SmolLM2 tokenizer for text, prompts as
+    # token ids: the same tokens with method mtp as without, most drafts
+    # accepted; a server without --mtp refuses method mtp by name.
+    with open(os.path.join(MTP_MODEL, "ids.json")) as f:
+        prompts = json.load(f)["prompts"]
+    common = ("--tokenizer", model_path())
+    with Server(*common, "--mtp", model=MTP_MODEL, kv_memory="16MiB") as s:
+        for p in prompts:
+            body = {"model": "glm4_moe_trained", "prompt": p, "max_tokens": 40, "temperature": 0,
+                    "ignore_eos": True, "logprobs": 1}
+            st, _, plain = s.request("POST", "/v1/completions", body)
+            assert st == 200, plain
+            st, _, spec = s.request("POST", "/v1/completions",
+                                    body | {"speculative": {"method": "mtp"}})
+            assert st == 200, spec
+            a, b = json.loads(plain)["choices"][0], json.loads(spec)["choices"][0]
+            assert a["text"] == b["text"]
+            assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+        m = s.metrics()
+        assert m["kvant_spec_decode_accepted_tokens_total"] > 0.5 * m["kvant_spec_decode_draft_tokens_total"]
+    with Server(*common, model=MTP_MODEL, kv_memory="16MiB") as s:
+        st, _, body = s.request("POST", "/v1/completions",
+                                {"model": "glm4_moe_trained", "prompt": prompts[0], "max_tokens": 4,
+                                 "speculative": {"method": "mtp"}})
+        assert st == 400 and b"--mtp" in body, body

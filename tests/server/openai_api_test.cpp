@@ -146,6 +146,15 @@ TEST(OpenAiApi, SpeculativeDecodingIsAskedPerRequest) {
   EXPECT_EQ(o.request->speculative.num_tokens, 6);
   EXPECT_EQ(o.request->speculative.min_ngram, 1);
   EXPECT_EQ(o.request->speculative.max_ngram, 3);
+  EXPECT_EQ(o.request->speculative.method, SpecMethod::kNgram);
+  // The model's multi-token-prediction layer: one draft token by default.
+  auto m = chat({{"speculative", {{"method", "mtp"}}}});
+  ASSERT_TRUE(m.request) << m.error.message;
+  EXPECT_EQ(m.request->speculative.method, SpecMethod::kMtp);
+  EXPECT_EQ(m.request->speculative.num_tokens, 1);
+  auto m0 = chat({{"speculative", {{"method", "mtp"}, {"num_speculative_tokens", 0}}}});
+  ASSERT_TRUE(m0.request) << m0.error.message;
+  EXPECT_EQ(m0.request->speculative.num_tokens, 0);
   struct Case {
     json value;
     const char* param;
@@ -158,6 +167,9 @@ TEST(OpenAiApi, SpeculativeDecodingIsAskedPerRequest) {
       {{{"num_speculative_tokens", "4"}}, "speculative.num_speculative_tokens", "integer"},
       {{{"prompt_lookup_min", 5}, {"prompt_lookup_max", 3}}, "speculative", "max_ngram"},
       {{{"draft_model", "x"}}, "speculative.draft_model", "not supported"},
+      {{{"method", "mtp"}, {"num_speculative_tokens", 2}}, "speculative", "one token per step"},
+      {{{"method", "mtp"}, {"prompt_lookup_max", 3}}, "speculative.prompt_lookup_max",
+       "method ngram"},
   };
   for (const auto& c : cases) {
     auto r = chat({{"speculative", c.value}});

@@ -82,6 +82,7 @@ Diff compare(const Request& a, const Request& b) {
   d.field("speculative.num_tokens", speculative.num_tokens == b.speculative.num_tokens);
   d.field("speculative.min_ngram", speculative.min_ngram == b.speculative.min_ngram);
   d.field("speculative.max_ngram", speculative.max_ngram == b.speculative.max_ngram);
+  d.field("speculative.method", speculative.method == b.speculative.method);
   return d;
 }
 
@@ -119,7 +120,7 @@ Request full_request() {
   q.prompt_logprobs_from = (int64_t(1) << 40) + 1;
   q.prompt_only = true;
   q.handoff = true;
-  q.speculative = {7, 3, 9};
+  q.speculative = {7, 3, 9, SpecMethod::kMtp};
   q.on_event = [](const RequestEvent&) {};
   return q;
 }
@@ -184,7 +185,7 @@ TEST(RequestCodec, FullRequestSetsEveryField) {
   // not show that the field is carried.
   EXPECT_EQ(d.differ.size(), d.fields) << "fields compared: " << d.fields
                                        << ", differing: " << joined(d.differ);
-  EXPECT_EQ(d.fields, 24u);
+  EXPECT_EQ(d.fields, 25u);
 }
 
 TEST(RequestCodec, RoundTripsEveryField) {
