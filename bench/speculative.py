@@ -18,6 +18,13 @@ byte-identical between the two modes.
 
   .venv/bin/python bench/speculative.py [--rounds 3] [--clients 1,8] [--tokens 192]
 JSON on stdout; progress on stderr.
+
+With --mtp-fixture DIR (a checkpoint from tools/fixtures/gen_mtp.py, e.g.
+tests/fixtures/mtp/glm4_moe_trained) the server runs that model with --mtp
+and the SmolLM2 tokenizer, requests draft with its multi-token-prediction
+layer ({"method": "mtp"}), and the two sets are token-id prompts: "trained"
+(the fixture's prompts, whose continuations the layer was trained on) and
+"random" (random ids, where its drafts are mostly wrong).
 """
 import argparse
 import concurrent.futures as cf
@@ -84,9 +91,20 @@ def copy_prompts():
     return ps
 
 
+def fixture_sets(d):
+    """The MTP fixture's prompt sets: its own prompts (twice), and 8 random ones."""
+    trained = json.load(open(os.path.join(d, "ids.json")))["prompts"]
+    vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
+    rng = __import__("random").Random(7)
+    rand = [[1] + [rng.randrange(3, vocab) for _ in range(len(trained[0]) - 1)] for _ in range(8)]
+    return {"trained": (trained * 2)[:8], "random": rand}
+
+
 def start(args):
     cmd = [os.path.join(args.build, "kvant"), "serve", "-m", args.model, "--port", "0", "-t",
            str(args.threads), "--kv-memory", "512MiB"]
+    if args.mtp_fixture:
+        cmd += ["--mtp", "--tokenizer", args.tokenizer]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in p.stderr:
         m = re.search(r"model '([^']+)' on http://[^:]+:(\d+)/v1", line)
@@ -96,7 +114,8 @@ def start(args):
 
 
 def post(port, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+    path = "completions" if "prompt" in body else "chat/completions"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/{path}",
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=600).read())
@@ -110,12 +129,17 @@ def counters(port):
 
 def run_round(port, model, prompts, clients, tokens, spec):
     def one(p):
-        body = {"model": model, "messages": [{"role": "user", "content": p}],
-                "max_tokens": tokens, "temperature": 0}
+        if isinstance(p, list):  # token ids
+            body = {"model": model, "prompt": p, "max_tokens": tokens, "temperature": 0,
+                    "ignore_eos": True}
+        else:
+            body = {"model": model, "messages": [{"role": "user", "content": p}],
+                    "max_tokens": tokens, "temperature": 0}
         if spec:
             body["speculative"] = spec
         j = post(port, body)
-        return j["choices"][0]["message"]["content"], j["usage"]["completion_tokens"]
+        c = j["choices"][0]
+        return c["text"] if "text" in c else c["message"]["content"], j["usage"]["completion_tokens"]
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(clients) as ex:
         res = list(ex.map(one, prompts))
@@ -131,11 +155,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--tokens", type=int, default=192)
-    ap.add_argument("--spec", default='{"method": "ngram"}',
-                    help="the requests' \"speculative\" value when on (JSON)")
+    ap.add_argument("--spec", default=None,
+                    help="the requests' \"speculative\" value when on (JSON; default "
+                         "{\"method\": \"ngram\"}, or mtp with --mtp-fixture)")
+    ap.add_argument("--mtp-fixture", default=None,
+                    help="an MTP fixture directory: its model with --mtp, token-id prompts")
+    ap.add_argument("--tokenizer",
+                    default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     args = ap.parse_args()
-    spec = json.loads(args.spec)
-    sets = {"copy": copy_prompts(), "chat": CHAT}
+    if args.mtp_fixture:
+        args.model = args.mtp_fixture
+    spec = json.loads(args.spec or ('{"method": "mtp"}' if args.mtp_fixture
+                                    else '{"method": "ngram"}'))
+    sets = fixture_sets(args.mtp_fixture) if args.mtp_fixture else {"copy": copy_prompts(),
+                                                                     "chat": CHAT}
     proc, model, port = start(args)
     results = []
     try:

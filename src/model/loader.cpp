@@ -690,8 +690,6 @@ Result<void> apply_mtp_option(const ModelFiles& files, Naming naming, const Weig
                             "num_nextn_predict_layers, as DeepSeek-V3 and GLM-4.5 have)");
   if (c.index_topk > 0)
     return make_error(why + "not supported with sparse attention (DSA) yet");
-  if (opts.tp > 1 || opts.ep > 1)
-    return make_error(why + "not supported under tensor or expert parallelism yet");
   c.mtp_layers = 1;
   if (!c.moe_layer.empty()) c.moe_layer.push_back(c.moe_layer.back());
   if (!c.sliding.empty()) c.sliding.push_back(0);

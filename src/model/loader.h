@@ -43,8 +43,9 @@ struct WeightSetOptions {
   // blocks (the codes are then kept as stored) but run in smaller ones.
   int64_t shard_align_fallback = 0;
   // Load the checkpoint's first multi-token-prediction layer (Hugging Face
-  // DeepSeek-V3 / GLM-4.5 checkpoints with num_nextn_predict_layers; one
-  // process). The config then says mtp_layers 1; otherwise 0.
+  // DeepSeek-V3 / GLM-4.5 checkpoints with num_nextn_predict_layers; its
+  // decoder layer split like the others under TP / EP). The config then
+  // says mtp_layers 1; otherwise 0.
   bool mtp = false;
 };
 

@@ -47,11 +47,13 @@ Result<void> Model::forward_mtp(const Batch& b, std::span<const int64_t> src_row
   be_->begin_step(plan_);
   const F32 x = dense(ws.x.data(), T, H), hid = dense(ws.mtp_h.data(), T, H);
   const F32 cat = dense(ws.mtp_cat.data(), T, 2 * H);
+  for (const auto& sg : segs_)
+    be_->embed(sets_[size_t(sg.set)].embed, shard_.vocab.begin, b.tokens.data() + sg.t0,
+               c.embed_scale, x.sub_rows(sg.t0, sg.t1 - sg.t0));
+  reduce_tp(x);  // vocabulary-parallel embedding, as in forward()
   for (const auto& sg : segs_) {
     const ModelWeights& W = sets_[size_t(sg.set)];
     const int64_t n = sg.t1 - sg.t0;
-    be_->embed(W.embed, shard_.vocab.begin, b.tokens.data() + sg.t0, c.embed_scale,
-               x.sub_rows(sg.t0, n));
     be_->rmsnorm(x.sub_rows(sg.t0, n), W.mtp[0].enorm.data(), c.rms_eps,
                  cat.sub_rows(sg.t0, n).sub_cols(0, H));
     be_->rmsnorm(hid.sub_rows(sg.t0, n), W.mtp[0].hnorm.data(), c.rms_eps,

@@ -13,7 +13,10 @@
 //    for bit);
 //  - batch invariance: each prompt alone gives bitwise what the batch gave;
 //  - run to run: the batch again gives bitwise the same.
-// Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4|fp8] MODEL...
+// With --mtp the distributed engine drafts with the checkpoints' MTP layer
+// (tests/fixtures/mtp), and its drafts must be mostly accepted.
+// Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4|fp8] [--mtp]
+//        MODEL...
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
 // when every check on rank 0 passed; a failing rank 0 still shuts the
 // followers down (its engine's destructor), so the job ends either way.
@@ -36,6 +39,9 @@ using namespace kvant;
 namespace {
 
 std::string decode_weights = "native";  // --decode-weights: the split-set form (int4 or fp8)
+// --mtp: the distributed engine loads the MTP layer and every request drafts
+// with it (the one-process reference decodes without drafts).
+bool mtp = false;
 
 struct Run {
   std::vector<std::vector<int32_t>> tokens;
@@ -80,6 +86,7 @@ Result<void> generate(Engine& e, const std::vector<std::vector<int32_t>>& ps,
     r.stop.ignore_eos = true;
     r.logprobs = true;
     r.sampling.top_logprobs = 2;
+    if (e.model_config().mtp_layers > 0) r.speculative = {1, 2, 4, SpecMethod::kMtp};
     r.on_event = [&out, i](const RequestEvent& ev) {
       if (ev.token < 0) return;
       out.tokens[i].push_back(ev.token);
@@ -138,6 +145,7 @@ int main(int argc, char** argv) {
     else if (a == "--tokenizer" && i + 1 < argc) tokenizer = argv[++i];
     else if (a == "--decode-weights" && i + 1 < argc) decode_weights = argv[++i];
     else if (a == "--distinct-netns") distinct_netns = true;
+    else if (a == "--mtp") mtp = true;
     else models.push_back(a);
   }
   auto made = dist::make_communicator(dist::launched_by_mpirun() ? "mpi" : "local");
@@ -189,6 +197,7 @@ int main(int argc, char** argv) {
     o.comm = comm;
     o.tp = tp;
     o.ep = ep;
+    o.mtp = mtp;
     auto created = Engine::create(o);
     if (!created) {
       std::fprintf(stderr, "rank %d: %s: %s\n", comm->rank(), name.c_str(),
@@ -248,6 +257,12 @@ int main(int argc, char** argv) {
     }
     check(worst <= tol, name + ": chosen-token log-probability differs by " +
                             std::to_string(worst) + " > " + std::to_string(tol));
+    if (mtp) {
+      const EngineStats st = e.stats();
+      check(st.spec_draft_tokens > 0, name + ": no MTP drafts");
+      std::printf("%s: MTP drafts %lld, accepted %lld\n", name.c_str(),
+                  (long long)st.spec_draft_tokens, (long long)st.spec_accepted_tokens);
+    }
     std::printf("%s: tp %d ep %d: tokens equal one process's: %s; max |dlogprob| %.3g at the "
                 "first token, %.3g over all (tol %.3g)\n",
                 name.c_str(), tp, ep, failures ? "see FAIL lines" : "yes", first, worst, tol);
