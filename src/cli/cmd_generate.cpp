@@ -2,6 +2,7 @@
 // throughput on stderr. Runs as one request through the engine (paged KV in
 // the chosen dtype, chunked prefill, the integrity pass). Plain or chat (the model's own template,
 // or one named with --chat-template).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -65,10 +66,11 @@ int run_generate(const GenOpts& o) {
   eo->max_running = 1;
   SpeculativeParams spec = o.spec;
   if (o.spec_method == "mtp") {
-    // Drafts from the MTP layer: load it; one token per step.
+    // Drafts from the MTP layer: load it; one token per step unless
+    // --speculative asks for more (the layer chained on itself).
     eo->mtp = true;
     spec.method = SpecMethod::kMtp;
-    spec.num_tokens = 1;
+    spec.num_tokens = std::max(1, spec.num_tokens);
   }
   auto created = Engine::create(*eo);
   if (!created) return fail(created.error().message);
@@ -178,7 +180,8 @@ void register_generate(CLI::App& app) {
       ->check(CLI::Range(0, 16));
   cmd->add_option("--speculative-method", o.spec_method,
                   "where drafts come from: ngram (prompt lookup) or mtp (the checkpoint's "
-                  "multi-token-prediction layer, loaded as with --mtp; one draft token per step)")
+                  "multi-token-prediction layer, loaded as with --mtp; --speculative N tokens "
+                  "per step, default 1)")
       ->check(CLI::IsMember({"ngram", "mtp"}));
   cmd->add_option("--lookup-min", o.spec.min_ngram, "shortest suffix a draft is looked up by")
       ->check(CLI::Range(1, 16));

@@ -40,6 +40,8 @@
 
 namespace kvant {
 
+struct Batch;  // model/model.h (the MTP pass's, engine-private)
+
 namespace dist {
 class Communicator;
 }
@@ -314,6 +316,7 @@ class Engine {
   // next tokens now known): its K/V, and the drafts of the requests that
   // ask for them.
   void run_mtp(const StepPlan& plan);
+  Result<void> mtp_pass(const Batch& b);
   void sample_drafted(Req& r, const ScheduledSequence& e, size_t i, size_t row0, int64_t vocab);
   // One drawn token of request r (plan entry i, its pages `pages`) from
   // `row`: constraint, sampler, stop logic and the event. False when the

@@ -36,8 +36,8 @@ struct Engine::Req {
   bool done = false;
   SpeculativePacer pacer;
   // Multi-token prediction: the MTP layer's draft from the last step and the
-  // position it is for (-1: none).
-  int32_t mtp_draft = -1;
+  // position of its first token (-1: none).
+  std::vector<int32_t> mtp_draft;
   int64_t mtp_draft_pos = -1;
   // Disaggregation (kv_handoff.h): what a handoff request hands out with its
   // final event, and what an imported one starts from.
@@ -67,11 +67,18 @@ struct Engine::Impl {
   std::vector<int32_t> accepted;  // draft tokens accepted per plan entry
   std::vector<int32_t> draft;     // scratch for a proposal
   std::vector<Req*> to_finish;
-  // The MTP pass's batch, its source rows, logits and the requests drafting.
+  // The MTP pass's batch, its source rows and logits, and the requests
+  // drafting: each one's pages, its pending token's position, and the row
+  // of its last position in the latest MTP forward.
+  struct MtpChain {
+    Req* req;
+    const KvSpan* kv;
+    int64_t pending, row;
+  };
   Batch mtp_batch;
   std::vector<int64_t> mtp_src;
   std::vector<float> mtp_logits;
-  std::vector<Req*> mtp_req;
+  std::vector<MtpChain> mtp_chain;
   EngineStats stats;
   uint64_t seed_counter = 0;
   // Imported requests waiting for pages (or a running slot), oldest first.

@@ -24,8 +24,7 @@ void Engine::propose_drafts() {
     if (r.request.speculative.method == SpecMethod::kMtp) {
       // The MTP layer's draft for the position after the pending token.
       I.draft.clear();
-      if (r.mtp_draft >= 0 && r.mtp_draft_pos == int64_t(s->tokens.size()))
-        I.draft.push_back(r.mtp_draft);
+      if (r.mtp_draft_pos == int64_t(s->tokens.size())) I.draft = r.mtp_draft;
     } else {
       ngram_propose(s->tokens, r.request.speculative, I.draft);
     }
@@ -58,8 +57,9 @@ void Engine::run_mtp(const StepPlan& plan) {
   b.tokens.clear();
   b.seqs.clear();
   I.mtp_src.clear();
-  I.mtp_req.clear();
-  int64_t row = 0;  // the entry's first token row in the step's forward
+  I.mtp_chain.clear();
+  int64_t row = 0;   // the entry's first token row in the step's forward
+  int64_t mrow = 0;  // its first row in the MTP pass
   for (size_t j = 0; j < I.batch_index.size(); row += I.batch.seqs[j].n_tokens, ++j) {
     const size_t i = I.batch_index[j];
     if (j > 0 && I.batch_index[j - 1] == i) continue;  // a drafted entry's later rows
@@ -68,6 +68,8 @@ void Engine::run_mtp(const StepPlan& plan) {
     const SequenceState* s = scheduler_->find(e.id);
     if (it == I.by_seq.end() || s == nullptr) continue;
     Req& r = *it->second;
+    r.mtp_draft.clear();
+    r.mtp_draft_pos = -1;
     // Positions kept: a drafted decode's last token and its accepted drafts.
     const int64_t kept = e.draft > 0 ? 1 + I.accepted[i] : e.n_tokens;
     // Each position's next token: the step's own tokens, then the prompt's
@@ -85,26 +87,66 @@ void Engine::run_mtp(const StepPlan& plan) {
     ch.no_logits = !drafts;
     b.seqs.push_back(ch);
     I.mtp_src.push_back(row);
-    if (drafts) I.mtp_req.push_back(&r);
-    r.mtp_draft = -1;
-    r.mtp_draft_pos = drafts ? after + 1 : -1;
+    // A drafting request's pending token sits at `after`; its drafts start
+    // at after + 1.
+    if (drafts) I.mtp_chain.push_back({&r, ch.kv, after, mrow + kept - 1});
+    mrow += kept;
   }
   if (b.seqs.empty()) return;
-  const int64_t vocab = model_->config().vocab;
-  I.mtp_logits.resize(size_t(b.logit_rows() * vocab));
   const auto t0 = std::chrono::steady_clock::now();
-  auto fr = model_->forward_mtp(b, I.mtp_src, I.mtp_logits);
+  auto fr = mtp_pass(b);
+  // Longer drafts: the layer again, on its own output (the last row's
+  // state before its output norm) and the draft token just drawn, one
+  // position further each time. Its K/V rows there are overwritten by the
+  // pass that runs once the main model has computed those positions, before
+  // any real query reads them; a position past the request's pages ends its
+  // draft.
+  for (int32_t depth = 1; fr.ok(); ++depth) {
+    b.tokens.clear();
+    b.seqs.clear();
+    I.mtp_src.clear();
+    size_t kept = 0;
+    for (auto& c : I.mtp_chain) {
+      Req& r = *c.req;
+      const int64_t pos = c.pending + depth - 1;  // where the last draft token sits
+      if (int64_t(r.mtp_draft.size()) != depth || depth >= r.request.speculative.num_tokens ||
+          pos >= c.kv->capacity())
+        continue;
+      b.tokens.push_back(r.mtp_draft.back());
+      b.seqs.push_back(SeqChunk{c.kv, pos, 1, false});
+      I.mtp_src.push_back(c.row);
+      c.row = int64_t(kept);
+      I.mtp_chain[kept++] = c;
+    }
+    I.mtp_chain.resize(kept);
+    if (b.seqs.empty()) break;
+    fr = mtp_pass(b);
+  }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   I.stats.forward_seconds += dt;
   I.stats.mtp_seconds += dt;
   if (!fr.ok()) {
     // Drafts only: the requests go on without them.
     std::fprintf(stderr, "kvant: multi-token prediction failed: %s\n", fr.error().message.c_str());
-    return;
+    for (auto& [id, rp] : I.reqs) rp->mtp_draft.clear();
   }
-  for (size_t k = 0; k < I.mtp_req.size(); ++k)
-    I.mtp_req[k]->mtp_draft = Sampler::argmax(
-        std::span<const float>(I.mtp_logits.data() + k * size_t(vocab), size_t(vocab)));
+}
+
+// One MTP forward over `b` from rows I.mtp_src of the last forward; each
+// chain entry's request gets its chunk's argmax appended as a draft token
+// (the chain entries are the batch's logit-bearing chunks, in order).
+Result<void> Engine::mtp_pass(const Batch& b) {
+  auto& I = *impl_;
+  const int64_t vocab = model_->config().vocab;
+  I.mtp_logits.resize(size_t(b.logit_rows() * vocab));
+  KV_TRY(model_->forward_mtp(b, I.mtp_src, I.mtp_logits));
+  for (size_t k = 0; k < I.mtp_chain.size(); ++k) {
+    Req& r = *I.mtp_chain[k].req;
+    r.mtp_draft.push_back(Sampler::argmax(
+        std::span<const float>(I.mtp_logits.data() + k * size_t(vocab), size_t(vocab))));
+    r.mtp_draft_pos = I.mtp_chain[k].pending + 1;
+  }
+  return {};
 }
 
 }  // namespace kvant

@@ -12,10 +12,6 @@ Result<void> check_speculative_params(const SpeculativeParams& p) {
   if (p.method != SpecMethod::kNgram && p.method != SpecMethod::kMtp)
     return make_error("speculative method must be ngram or mtp, got " +
                       std::to_string(int32_t(p.method)));
-  if (p.method == SpecMethod::kMtp && p.num_tokens > 1)
-    return make_error("speculative method mtp drafts one token per step (the MTP layer's own "
-                      "prediction, not chained); num_speculative_tokens must be 0 or 1, got " +
-                      std::to_string(p.num_tokens));
   if (p.min_ngram < 1 || p.min_ngram > 16)
     return make_error("speculative min_ngram must be in [1, 16], got " +
                       std::to_string(p.min_ngram));

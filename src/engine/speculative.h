@@ -22,7 +22,8 @@ namespace kvant {
 // Where drafts come from: prompt lookup, or the model's multi-token-
 // prediction layer (an engine started with EngineOptions::mtp), which
 // predicts the token after next from the main model's last hidden state and
-// the token just drawn: one draft token per step, the MTP layer's argmax.
+// the token just drawn (the layer's argmax); further draft tokens run the
+// layer again on its own output and its last draft token.
 enum class SpecMethod : int32_t { kNgram = 0, kMtp = 1 };
 
 struct SpeculativeParams {
@@ -35,7 +36,7 @@ struct SpeculativeParams {
   SpecMethod method = SpecMethod::kNgram;
 };
 
-// Errors: num_tokens outside [0, 16] (mtp: above 1), min_ngram < 1,
+// Errors: num_tokens outside [0, 16], min_ngram < 1,
 // max_ngram < min_ngram or > 16, an unknown method.
 Result<void> check_speculative_params(const SpeculativeParams& p);
 

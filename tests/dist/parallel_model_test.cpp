@@ -13,8 +13,8 @@
 //    for bit);
 //  - batch invariance: each prompt alone gives bitwise what the batch gave;
 //  - run to run: the batch again gives bitwise the same.
-// With --mtp the distributed engine drafts with the checkpoints' MTP layer
-// (tests/fixtures/mtp), and its drafts must be mostly accepted.
+// With --mtp the distributed engine drafts two tokens per step with the
+// checkpoints' MTP layer (tests/fixtures/mtp).
 // Usage: kvant_parallel_model_tests --tp N --ep M --tol T [--decode-weights int4|fp8] [--mtp]
 //        MODEL...
 // (the fixtures' tokenizer is SmolLM2's, as in the engine tests). Exit 0
@@ -86,7 +86,7 @@ Result<void> generate(Engine& e, const std::vector<std::vector<int32_t>>& ps,
     r.stop.ignore_eos = true;
     r.logprobs = true;
     r.sampling.top_logprobs = 2;
-    if (e.model_config().mtp_layers > 0) r.speculative = {1, 2, 4, SpecMethod::kMtp};
+    if (e.model_config().mtp_layers > 0) r.speculative = {2, 2, 4, SpecMethod::kMtp};
     r.on_event = [&out, i](const RequestEvent& ev) {
       if (ev.token < 0) return;
       out.tokens[i].push_back(ev.token);

@@ -167,7 +167,6 @@ TEST(OpenAiApi, SpeculativeDecodingIsAskedPerRequest) {
       {{{"num_speculative_tokens", "4"}}, "speculative.num_speculative_tokens", "integer"},
       {{{"prompt_lookup_min", 5}, {"prompt_lookup_max", 3}}, "speculative", "max_ngram"},
       {{{"draft_model", "x"}}, "speculative.draft_model", "not supported"},
-      {{{"method", "mtp"}, {"num_speculative_tokens", 2}}, "speculative", "one token per step"},
       {{{"method", "mtp"}, {"prompt_lookup_max", 3}}, "speculative.prompt_lookup_max",
        "method ngram"},
   };
