@@ -169,6 +169,9 @@ std::string Metrics::render(const ServerGauges& g) const {
   line(o, "kvant_spec_decode_accepted_tokens_total", "counter",
        "Draft tokens accepted (each a token generated without a step of its own).",
        double(s.spec_accepted_tokens));
+  line(o, "kvant_mtp_seconds_total", "counter",
+       "Seconds in the multi-token-prediction pass (servers started with --mtp).",
+       s.mtp_seconds);
   line(o, "kvant_preemptions_total", "counter", "Requests preempted for KV pages.",
        double(s.preemptions));
   line(o, "kvant_prefix_cache_hit_tokens_total", "counter",
