@@ -625,6 +625,7 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
   const size_t n = plan.sequences.size();
   if (options_.debug_throw_step > 0 && S.steps + 1 == options_.debug_throw_step)
     throw std::bad_alloc();
+  I.handoffs_captured.clear();  // a failed step's are gone with their requests
   check_step_integrity(plan);
   I.build_batch(plan, *pool_);
   const int64_t vocab = model_->config().vocab;
@@ -650,7 +651,13 @@ Result<bool> Engine::run_plan(const StepPlan& plan) {
   }
   I.record_prompt_logprobs(plan, vocab);
   sample_and_stream(plan, vocab);
-  if (model_->config().mtp_layers > 0 && !I.batch.seqs.empty()) run_mtp(plan);
+  if (model_->config().mtp_layers > 0 && !I.batch.seqs.empty()) {
+    run_mtp(plan);
+    // A handoff's final event goes out after commit (max_tokens 1), so
+    // its pages can still take the MTP rows this step wrote.
+    refresh_handoffs();
+  }
+  I.handoffs_captured.clear();
   KV_TRY(scheduler_->commit(I.sampled, I.accepted));
   for (Req* r : I.to_finish) {
     if (scheduler_->find(r->seq) != nullptr)

@@ -331,6 +331,9 @@ class Engine {
   // pages at its first token; imported requests given pages and started.
   void capture_handoff(Req& r, int32_t token, std::span<const PageRef> pages,
                        const StepLogprobs* lp);
+  // The page bytes (and checksums) of the handoffs captured this step again,
+  // after the MTP pass has written its rows for the prompt's last chunk.
+  void refresh_handoffs();
   void admit_imports();
   // submit()'s checks and clamps (max_tokens to the room left), and the
   // queueing of a checked request.

@@ -42,6 +42,25 @@ void Engine::capture_handoff(Req& r, int32_t token, std::span<const PageRef> pag
   }
   r.handoff_out = std::move(h);
   ++impl_->stats.kv_handoffs_out;
+  impl_->handoffs_captured.push_back(&r);
+}
+
+void Engine::refresh_handoffs() {
+  const int64_t pb = pool_->page_bytes();
+  for (Req* r : impl_->handoffs_captured) {
+    KvHandoff& h = *r->handoff_out;
+    for (size_t i = 0; i < h.pages.size(); ++i) {
+      uint8_t* dst = h.data.data() + i * size_t(pb);
+      std::memcpy(dst, pool_->page_data(h.pages[i].src_page), size_t(pb));
+      h.pages[i].checksum = kv_page_checksum(dst, pb);
+    }
+    Req::DeferredFinal& d = r->deferred_final;
+    if (d.token >= 0) {
+      emit(*r, d.token, d.text, r->request.logprobs ? &r->lp : nullptr, d.finish, "");
+      d.token = -1;
+    }
+  }
+  impl_->handoffs_captured.clear();
 }
 
 Result<RequestId> Engine::submit_handoff(Request request, std::shared_ptr<const KvHandoff> kv) {

@@ -42,6 +42,12 @@ struct Engine::Req {
   // Disaggregation (kv_handoff.h): what a handoff request hands out with its
   // final event, and what an imported one starts from.
   std::unique_ptr<KvHandoff> handoff_out;
+  // A handoff's final event held back for the MTP pass (token -1: none).
+  struct DeferredFinal {
+    int32_t token = -1;
+    std::string text;
+    FinishReason finish = FinishReason::None;
+  } deferred_final;
   std::shared_ptr<const KvHandoff> handoff_in;
   Req(Request r, const Tokenizer& tok)
       : request(std::move(r)), sampler(request.sampling), stop(request.stop, tok) {}
@@ -67,6 +73,7 @@ struct Engine::Impl {
   std::vector<int32_t> accepted;  // draft tokens accepted per plan entry
   std::vector<int32_t> draft;     // scratch for a proposal
   std::vector<Req*> to_finish;
+  std::vector<Req*> handoffs_captured;  // this step's (refresh_handoffs)
   // The MTP pass's batch, its source rows and logits, and the requests
   // drafting: each one's pages, its pending token's position, and the row
   // of its last position in the latest MTP forward.

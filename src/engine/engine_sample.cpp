@@ -55,6 +55,13 @@ bool Engine::draw_token(Req& r, std::span<const PageRef> pages, size_t i, std::s
     // The last token's event carries the finish; the scheduler lets the
     // sequence go after commit.
     r.done = true;
+    if (r.handoff_out && model_->config().mtp_layers > 0) {
+      // Its pages go out with this event: after the MTP pass has written
+      // its rows for them (run_plan, refresh_handoffs).
+      r.deferred_final = {tok, std::string(st.text), st.finish};
+      I.to_finish.push_back(&r);
+      return false;
+    }
     emit(r, tok, st.text, lp, st.finish, "");
     I.to_finish.push_back(&r);
     return false;

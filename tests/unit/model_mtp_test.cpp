@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/kv_handoff.h"
 #include "model/model.h"
 #include "model_test_util.h"
 
@@ -329,6 +330,75 @@ TEST(Mtp, UnderContinuousBatchingPreemptionAndPrefixCaching) {
   }
   EXPECT_GT(preemptions, 0);
   EXPECT_GT(accepted, 0);
+}
+
+TEST(Mtp, AHandoffCarriesTheMtpRows) {
+  // Disaggregated: a prefill engine hands each prompt's pages over after
+  // its first token, a decode engine drafts with the MTP layer from them.
+  // The pages must hold the MTP layer's rows for the whole prompt (the MTP
+  // pass runs after the draw; the final event waits for it), and the decode
+  // side's tokens are one engine's. (Its drafts start a step later: the
+  // prefill side's first draft is not handed over.)
+  for (const char* name : {"glm4_moe", "deepseek_v3"}) {
+    const auto ps = prompts(name);
+    const int gen = 24;
+    auto one = Engine::create(options(name, true));
+    auto pre = Engine::create(options(name, true));
+    auto dec = Engine::create(options(name, true));
+    ASSERT_TRUE(one.ok() && pre.ok() && dec.ok());
+    struct Out {
+      std::vector<int32_t> tokens;
+      std::shared_ptr<KvHandoff> handoff;
+    };
+    std::vector<Out> want(ps.size()), first(ps.size()), got(ps.size());
+    auto request = [&](size_t i, Out* o) {
+      Request r;
+      r.prompt = ps[i];
+      r.stop.max_tokens = gen;
+      r.stop.ignore_eos = true;
+      r.speculative = kMtp;
+      r.on_event = [o](const RequestEvent& e) {
+        if (e.token >= 0) o->tokens.push_back(e.token);
+        if (e.finish != FinishReason::None && e.handoff)
+          o->handoff = std::make_shared<KvHandoff>(*e.handoff);
+      };
+      return r;
+    };
+    // One request at a time on each side, so that the two runs batch alike.
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_TRUE((*one)->submit(request(i, &want[i])).ok());
+      ASSERT_TRUE((*one)->run_until_idle().ok());
+      Request r = request(i, &first[i]);
+      r.handoff = true;
+      ASSERT_TRUE((*pre)->submit(std::move(r)).ok());
+      ASSERT_TRUE((*pre)->run_until_idle().ok());
+      ASSERT_TRUE(first[i].handoff) << name << " " << i;
+      {
+        // The MTP layer's K row (its pages' last layer; BF16 pages, K
+        // first) of every prompt position is written: a fresh engine's
+        // arena is zeros.
+        const KvHandoff& h = *first[i].handoff;
+        const ModelConfig& c = (*pre)->model_config();
+        const int64_t layer_bytes = h.page_bytes / c.kv_layers();
+        const int64_t row = c.cache_heads() * c.cache_dim() * 2;
+        int64_t unwritten = 0;
+        for (int64_t p = 0; p < int64_t(ps[i].size()); ++p) {
+          const uint8_t* k = h.data.data() + (p / h.page_tokens) * h.page_bytes +
+                             (c.kv_layers() - 1) * layer_bytes + (p % h.page_tokens) * row;
+          unwritten += std::all_of(k, k + row, [](uint8_t b) { return b == 0; });
+        }
+        EXPECT_EQ(unwritten, 0) << name << " prompt " << i << ": MTP rows missing from the handoff";
+      }
+      ASSERT_TRUE((*dec)->submit_handoff(request(i, &got[i]), first[i].handoff).ok());
+      ASSERT_TRUE((*dec)->run_until_idle().ok());
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << name << " prompt " << i;
+    }
+    const EngineStats a = (*one)->stats(), b = (*dec)->stats();
+    EXPECT_GT(b.spec_accepted_tokens, 0) << name;
+    std::printf("[mtp] %s handoff: %lld drafts, %lld accepted (one engine: %lld, %lld)\n", name,
+                (long long)b.spec_draft_tokens, (long long)b.spec_accepted_tokens,
+                (long long)a.spec_draft_tokens, (long long)a.spec_accepted_tokens);
+  }
 }
 
 TEST(Mtp, RequestsAskingForMtpNeedAnEngineWithIt) {
