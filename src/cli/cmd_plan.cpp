@@ -25,6 +25,7 @@ struct PlanOpts {
   std::string scales = "dynamic";  // the engine's default (docs/FORMATS.md, Scales)
   int64_t page_tokens = 16;
   bool json = false;
+  bool mtp = false;  // serve with the first MTP layer (kvant serve --mtp)
   // A deployment: GPUs (tensor-parallel over all of them), each one's memory,
   // and the share kept back for activations, graphs and communication.
   int64_t gpus = 0;
@@ -119,6 +120,26 @@ int run_plan(const PlanOpts& o) {
   if (!cfg) return fail(cfg.error().message);
   auto shape = kv_cache_shape_from_config(*cfg);
   if (!shape) return fail(path + ": " + shape.error().message);
+  // --mtp: the first MTP layer is served, with its K/V in every page.
+  const int64_t nextn = cfg->contains("num_nextn_predict_layers") &&
+                                (*cfg)["num_nextn_predict_layers"].is_number_integer()
+                            ? (*cfg)["num_nextn_predict_layers"].get<int64_t>()
+                            : 0;
+  if (o.mtp) {
+    if (nextn <= 0) return fail(path + ": --mtp: the config has no num_nextn_predict_layers");
+    shape->layers += 1;
+    auto& n = shape->notes;
+    n.erase(std::remove_if(n.begin(), n.end(),
+                           [](const std::string& s) {
+                             return s.find("multi-token-prediction") != std::string::npos;
+                           }),
+            n.end());
+    n.push_back("--mtp: the first multi-token-prediction layer is served; its K/V is counted "
+                "as one more layer");
+    if (shape->index_dim > 0)
+      n.push_back("--mtp: kvant does not yet load the MTP layer of a sparse-attention (DSA) "
+                  "model; this is the plan for when it does");
+  }
   auto plan = make_kv_plan(*shape, po);
   if (!plan) return fail(plan.error().message);
   // Weights (only where the config describes a decoder kvant can size).
@@ -173,10 +194,15 @@ int run_plan(const PlanOpts& o) {
                   thousands(int64_t(std::llround(r.bytes_per_token))).c_str());
     text += buf;
   }
-  text += "\nweights (checkpoint, MTP layers included | served, without them):\n";
+  // Served: without MTP layers, or with the first one under --mtp.
+  auto served = [&](const WeightPolicyBytes& w) {
+    return o.mtp ? w.bytes_no_mtp + (w.bytes - w.bytes_no_mtp) / double(nextn) : w.bytes_no_mtp;
+  };
+  text += o.mtp ? "\nweights (checkpoint, MTP layers included | served, with the first MTP layer):\n"
+                : "\nweights (checkpoint, MTP layers included | served, without them):\n";
   for (const auto& w : weights->policies) {
     std::snprintf(buf, sizeof buf, "  %-9s %22s | %22s   %s\n", w.name.c_str(), gb(w.bytes).c_str(),
-                  gb(w.bytes_no_mtp).c_str(), w.description.c_str());
+                  gb(served(w)).c_str(), w.description.c_str());
     text += buf;
   }
   std::snprintf(buf, sizeof buf,
@@ -189,10 +215,10 @@ int run_plan(const PlanOpts& o) {
                 "tokens BF16 KV", "tokens FP8 KV");
   text += buf;
   for (const auto& w : weights->policies) {
-    const double per_gpu = w.bytes_no_mtp / double(o.gpus);
+    const double per_gpu = served(w) / double(o.gpus);
     const double kv = usable - per_gpu;
     nlohmann::json row = {{"weights", w.name}, {"weight_bytes", w.bytes},
-                          {"weight_bytes_served", w.bytes_no_mtp},
+                          {"weight_bytes_served", served(w)},
                           {"weight_bytes_per_gpu", per_gpu}, {"kv_bytes_per_gpu", kv}};
     int64_t tok[2] = {0, 0};
     if (kv > 0) {
@@ -213,7 +239,8 @@ int run_plan(const PlanOpts& o) {
   }
   text += "\ntokens: whole KV pages in (usable - weights per GPU); weights split evenly over the "
           "GPUs (small replicated parts such as MLA's down-projections are not modelled).\n";
-  for (const auto& n : weights->notes) text += "note: " + n + "\n";
+  for (const auto& n : weights->notes)
+    if (!o.mtp || n.find("multi-token-prediction") == std::string::npos) text += "note: " + n + "\n";
   for (const auto& n : s.notes) text += "note: " + n + "\n";
   if (o.json) {
     nlohmann::json j;
@@ -254,6 +281,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--page-tokens", o.page_tokens, "tokens per KV page")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--json", o.json, "print one JSON object");
+  cmd->add_flag("--mtp", o.mtp,
+                "count the first multi-token-prediction layer (weights and K/V), as "
+                "kvant serve --mtp serves it");
   cmd->callback([] { set_exit_code(run_plan(o)); });
 }
 
