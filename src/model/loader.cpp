@@ -677,7 +677,8 @@ Result<LoadedModel> load_model(const std::string& path, const WeightSetOptions& 
 namespace {
 // The MTP layer when asked for: the checkpoint's first one, its decoder
 // layer after the main ones (per-layer switches extended to it: its MLP is
-// routed when the last main layer's is).
+// routed when the last main layer's is; under sparse attention it runs an
+// indexer of its own).
 Result<void> apply_mtp_option(const ModelFiles& files, Naming naming, const WeightSetOptions& opts,
                               ModelConfig& c) {
   if (!opts.mtp) {
@@ -688,11 +689,10 @@ Result<void> apply_mtp_option(const ModelFiles& files, Naming naming, const Weig
   if (naming != Naming::Hf || c.nextn_layers <= 0)
     return make_error(why + "the checkpoint has no MTP layer (a Hugging Face config.json with "
                             "num_nextn_predict_layers, as DeepSeek-V3 and GLM-4.5 have)");
-  if (c.index_topk > 0)
-    return make_error(why + "not supported with sparse attention (DSA) yet");
   c.mtp_layers = 1;
   if (!c.moe_layer.empty()) c.moe_layer.push_back(c.moe_layer.back());
   if (!c.sliding.empty()) c.sliding.push_back(0);
+  if (!c.index_full.empty()) c.index_full.push_back(1);  // DSA: an indexer of its own
   return {};
 }
 }  // namespace
