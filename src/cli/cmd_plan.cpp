@@ -136,9 +136,6 @@ int run_plan(const PlanOpts& o) {
             n.end());
     n.push_back("--mtp: the first multi-token-prediction layer is served; its K/V is counted "
                 "as one more layer");
-    if (shape->index_dim > 0)
-      n.push_back("--mtp: kvant does not yet load the MTP layer of a sparse-attention (DSA) "
-                  "model; this is the plan for when it does");
   }
   auto plan = make_kv_plan(*shape, po);
   if (!plan) return fail(plan.error().message);
