@@ -86,15 +86,9 @@ Result<nlohmann::json> shard_report(const std::string& path, int64_t tp, int64_t
   return nlohmann::json{{"tp", tp}, {"ep", ep}, {"full_params", full}, {"ranks", ranks}};
 }
 
-int run_plan(const PlanOpts& o) {
-  if (o.ep > 1 && o.tp > 1 && o.ep != o.tp)
-    return fail("--ep runs over the TP ranks: give --ep 1 or --ep " + std::to_string(o.tp));
-  if (o.memory.empty() && o.gpus <= 0 && o.tp <= 1 && o.ep <= 1)
-    return fail("give --memory (a KV budget per rank), --gpus, or --tp/--ep for the weights per rank");
-  auto bytes = parse_byte_size(o.memory.empty() ? "1GiB" : o.memory);
-  if (!bytes) return fail(bytes.error().message);
+// The KV dtypes, scales, page size and ranks a plan is made for.
+Result<KvPlanOptions> kv_plan_options(const PlanOpts& o) {
   KvPlanOptions po;
-  po.memory_bytes = *bytes;
   po.tp = o.gpus > 0 ? o.gpus : o.tp;
   po.page_tokens = o.page_tokens;
   if (o.kv_dtype == "bf16")
@@ -104,13 +98,46 @@ int run_plan(const PlanOpts& o) {
   else if (o.kv_dtype == "fp8_e5m2")
     po.dtypes = {KvDType::kFp8E5m2};
   else if (o.kv_dtype != "all")
-    return fail("--kv-dtype must be bf16, fp8_e4m3, fp8_e5m2 or all, got '" + o.kv_dtype + "'");
+    return make_error("--kv-dtype must be bf16, fp8_e4m3, fp8_e5m2 or all, got '" + o.kv_dtype + "'");
   if (o.scales == "static")
     po.fp8_scales = KvScaleMode::kStatic;
   else if (o.scales == "dynamic")
     po.fp8_scales = KvScaleMode::kDynamic;
   else
-    return fail("--scales must be static or dynamic, got '" + o.scales + "'");
+    return make_error("--scales must be static or dynamic, got '" + o.scales + "'");
+  return po;
+}
+
+// The config's multi-token-prediction layers (num_nextn_predict_layers).
+int64_t mtp_layers(const nlohmann::json& cfg) {
+  auto it = cfg.find("num_nextn_predict_layers");
+  return it != cfg.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+// --mtp: the first MTP layer is served, with its K/V in every page.
+void serve_first_mtp_layer(KvCacheShape& shape) {
+  shape.layers += 1;
+  auto& n = shape.notes;
+  n.erase(std::remove_if(n.begin(), n.end(),
+                         [](const std::string& s) {
+                           return s.find("multi-token-prediction") != std::string::npos;
+                         }),
+          n.end());
+  n.push_back("--mtp: the first multi-token-prediction layer is served; its K/V is counted as "
+              "one more layer");
+}
+
+int run_plan(const PlanOpts& o) {
+  if (o.ep > 1 && o.tp > 1 && o.ep != o.tp)
+    return fail("--ep runs over the TP ranks: give --ep 1 or --ep " + std::to_string(o.tp));
+  if (o.memory.empty() && o.gpus <= 0 && o.tp <= 1 && o.ep <= 1)
+    return fail("give --memory (a KV budget per rank), --gpus, or --tp/--ep for the weights per rank");
+  auto bytes = parse_byte_size(o.memory.empty() ? "1GiB" : o.memory);
+  if (!bytes) return fail(bytes.error().message);
+  auto pr = kv_plan_options(o);
+  if (!pr) return fail(pr.error().message);
+  KvPlanOptions po = *pr;
+  po.memory_bytes = *bytes;
 
   std::error_code ec;
   const std::string path = std::filesystem::is_directory(o.config, ec)
@@ -120,22 +147,10 @@ int run_plan(const PlanOpts& o) {
   if (!cfg) return fail(cfg.error().message);
   auto shape = kv_cache_shape_from_config(*cfg);
   if (!shape) return fail(path + ": " + shape.error().message);
-  // --mtp: the first MTP layer is served, with its K/V in every page.
-  const int64_t nextn = cfg->contains("num_nextn_predict_layers") &&
-                                (*cfg)["num_nextn_predict_layers"].is_number_integer()
-                            ? (*cfg)["num_nextn_predict_layers"].get<int64_t>()
-                            : 0;
+  const int64_t nextn = mtp_layers(*cfg);
   if (o.mtp) {
     if (nextn <= 0) return fail(path + ": --mtp: the config has no num_nextn_predict_layers");
-    shape->layers += 1;
-    auto& n = shape->notes;
-    n.erase(std::remove_if(n.begin(), n.end(),
-                           [](const std::string& s) {
-                             return s.find("multi-token-prediction") != std::string::npos;
-                           }),
-            n.end());
-    n.push_back("--mtp: the first multi-token-prediction layer is served; its K/V is counted "
-                "as one more layer");
+    serve_first_mtp_layer(*shape);
   }
   auto plan = make_kv_plan(*shape, po);
   if (!plan) return fail(plan.error().message);

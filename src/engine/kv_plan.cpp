@@ -105,8 +105,8 @@ bool is_mla_architecture(const ConfigView& c, const std::string& arch) {
 void add_common_notes(const ConfigView& c, KvCacheShape& s) {
   if (auto n = c.positive_int({"num_nextn_predict_layers"}); n && n.value())
     s.notes.push_back(std::to_string(**n) +
-                      " multi-token-prediction layer(s) not counted (they are not used for "
-                      "plain decoding)");
+                      " multi-token-prediction layer(s) not counted (only speculative decoding "
+                      "with --mtp uses the first; kvant plan --mtp counts it)");
   if (auto n = c.positive_int({"index_head_dim"}); n && n.value() && s.mla) {
     // kvant keeps the indexer's keys in the page, BF16, beside the latent.
     s.index_dim = **n;

@@ -348,7 +348,7 @@ Result<WeightPlan> weight_plan_from_config(const json& config) {
               false, false, true);
     p.notes.push_back(std::to_string(mtp) +
                       " multi-token-prediction layer(s) are in the checkpoint total and left out "
-                      "of the serving total");
+                      "of the serving total (--mtp serves the first)");
   }
   if (config.contains("vision_config"))
     p.notes.push_back("the vision encoder (vision_config) is not counted");
