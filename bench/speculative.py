@@ -24,7 +24,10 @@ tests/fixtures/mtp/glm4_moe_trained) the server runs that model with --mtp
 and the SmolLM2 tokenizer, requests draft with its multi-token-prediction
 layer ({"method": "mtp"}), and the two sets are token-id prompts: "trained"
 (the fixture's prompts, whose continuations the layer was trained on) and
-"random" (random ids, where its drafts are mostly wrong).
+"random" (random ids, where its drafts are mostly wrong). With --mtp the
+server runs --model with --mtp on the text prompt sets (for a checkpoint
+from `kvant synth --mtp`, whose random MTP layer drafts wrong: the cost of
+drafting that does not pay).
 """
 import argparse
 import concurrent.futures as cf
@@ -105,6 +108,8 @@ def start(args):
            str(args.threads), "--kv-memory", "512MiB"]
     if args.mtp_fixture:
         cmd += ["--mtp", "--tokenizer", args.tokenizer]
+    elif args.mtp:
+        cmd += ["--mtp"]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     for line in p.stderr:
         m = re.search(r"model '([^']+)' on http://[^:]+:(\d+)/v1", line)
@@ -160,12 +165,14 @@ def main():
                          "{\"method\": \"ngram\"}, or mtp with --mtp-fixture)")
     ap.add_argument("--mtp-fixture", default=None,
                     help="an MTP fixture directory: its model with --mtp, token-id prompts")
+    ap.add_argument("--mtp", action="store_true",
+                    help="serve --model with --mtp and draft with its MTP layer (text prompts)")
     ap.add_argument("--tokenizer",
                     default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     args = ap.parse_args()
     if args.mtp_fixture:
         args.model = args.mtp_fixture
-    spec = json.loads(args.spec or ('{"method": "mtp"}' if args.mtp_fixture
+    spec = json.loads(args.spec or ('{"method": "mtp"}' if args.mtp_fixture or args.mtp
                                     else '{"method": "ngram"}'))
     sets = fixture_sets(args.mtp_fixture) if args.mtp_fixture else {"copy": copy_prompts(),
                                                                      "chat": CHAT}

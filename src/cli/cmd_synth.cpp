@@ -20,6 +20,9 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "GGUF file whose tokenizer the checkpoint takes (its vocabulary sets vocab_size)");
   cmd->add_option("--seed", o.seed, "random seed (default 1)");
+  cmd->add_flag("--mtp", o.mtp,
+                "add one multi-token-prediction layer (random: its drafts are wrong; for "
+                "measuring the cost of kvant serve --mtp)");
   cmd->callback([] {
     auto r = synth_checkpoint(o);
     if (!r) {

@@ -106,6 +106,7 @@ Result<SynthSummary> synth_checkpoint(const SynthOptions& o) {
   }
   auto cfg = synth_config(*like, o.scale, vocab);
   if (!cfg) return cfg.error();
+  if (o.mtp) (*cfg)["num_nextn_predict_layers"] = 1;
   const json& c = *cfg;
   const std::string arch = c["architectures"][0].get<std::string>();
   auto num = [&](const char* k) -> int64_t {
@@ -129,8 +130,14 @@ Result<SynthSummary> synth_checkpoint(const SynthOptions& o) {
   };
   std::vector<T> ts;
   ts.push_back({"model.embed_tokens.weight", V, H, 0});
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = 0; l < L + (o.mtp ? 1 : 0); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (l == L) {  // the MTP layer's own parts
+      ts.push_back({p + "enorm.weight", H, 0, 1});
+      ts.push_back({p + "hnorm.weight", H, 0, 1});
+      ts.push_back({p + "eh_proj.weight", H, 2 * H, 0});
+      ts.push_back({p + "shared_head.norm.weight", H, 0, 1});
+    }
     ts.push_back({p + "input_layernorm.weight", H, 0, 1});
     ts.push_back({p + "post_attention_layernorm.weight", H, 0, 1});
     if (mla) {

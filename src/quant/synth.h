@@ -24,6 +24,9 @@ struct SynthOptions {
   std::string tokenizer;  // optional GGUF whose tokenizer the checkpoint takes
   uint64_t seed = 1;
   float init_std = 0.02f;
+  // One multi-token-prediction layer after the main ones (random, so its
+  // drafts are wrong: for measuring what the MTP pass costs).
+  bool mtp = false;
 };
 
 struct SynthSummary {
