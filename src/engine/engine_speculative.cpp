@@ -60,6 +60,7 @@ void Engine::run_mtp(const StepPlan& plan) {
   I.mtp_chain.clear();
   int64_t row = 0;   // the entry's first token row in the step's forward
   int64_t mrow = 0;  // its first row in the MTP pass
+  const int64_t running = scheduler_->running_count();
   for (size_t j = 0; j < I.batch_index.size(); row += I.batch.seqs[j].n_tokens, ++j) {
     const size_t i = I.batch_index[j];
     if (j > 0 && I.batch_index[j - 1] == i) continue;  // a drafted entry's later rows
@@ -81,8 +82,10 @@ void Engine::run_mtp(const StepPlan& plan) {
     if (next < 0) continue;
     b.tokens.insert(b.tokens.end(), e.tokens.begin() + 1, e.tokens.begin() + kept);
     b.tokens.push_back(next);
+    // Logits (the output head, a large share of a small model's bytes) only
+    // for a request that will offer a draft next step.
     const bool drafts = !r.done && r.request.speculative.method == SpecMethod::kMtp &&
-                        r.request.speculative.num_tokens > 0;
+                        r.request.speculative.num_tokens > 0 && r.pacer.would_draft(running);
     SeqChunk ch{I.batch.seqs[j].kv, e.start, kept, false};
     ch.no_logits = !drafts;
     b.seqs.push_back(ch);

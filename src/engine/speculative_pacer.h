@@ -33,6 +33,8 @@ struct SpeculativePacer {
     }
     return rate >= bar(running);
   }
+  // What may_draft would answer next, without counting a pause down.
+  bool would_draft(int64_t running) const { return pause == 0 && rate >= bar(running); }
   void record(int64_t fed, int64_t accepted) {
     if (fed <= 0) return;
     rate = 0.7f * rate + 0.3f * float(accepted) / float(fed);
