@@ -68,5 +68,39 @@ TEST(Synth, CheckpointLoadsAndRuns) {
   }
 }
 
+TEST(Synth, MtpLayerLoadsAndDrafts) {
+  // --mtp: one MTP layer after the main ones, loaded with WeightOptions::mtp
+  // and run over a forward's rows (GLM-5: latent attention, the indexer).
+  SynthOptions o;
+  o.like = std::string(KVANT_FIXTURES) + "/plan/glm_5.2_config.json";
+  o.out = (fs::temp_directory_path() / ("kvant_synth_mtp_" + std::to_string(::getpid()))).string();
+  o.scale = 0.03;
+  o.mtp = true;
+  auto s = synth_checkpoint(o);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->config["num_nextn_predict_layers"], 1);
+  WeightOptions wo;
+  wo.mtp = true;
+  auto m = Model::load(o.out, wo);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  const auto& c = (*m)->config();
+  ASSERT_EQ(c.mtp_layers, 1);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(int32_t((i * 37) % c.vocab));
+  SeqKv kv(c, 16);
+  std::vector<float> main(size_t(c.vocab)), draft(size_t(c.vocab));
+  Batch b;
+  b.tokens.assign(ids.begin(), ids.end() - 1);
+  b.seqs.push_back({&kv, 0, 11, false});
+  ASSERT_TRUE((*m)->forward(b, main).ok());
+  Batch d;
+  d.tokens.assign(ids.begin() + 1, ids.end());
+  d.seqs.push_back({&kv, 0, 11, false});
+  const int64_t src = 0;
+  ASSERT_TRUE((*m)->forward_mtp(d, {&src, 1}, draft).ok());
+  for (float x : draft) ASSERT_TRUE(std::isfinite(x));
+  fs::remove_all(o.out);
+}
+
 }  // namespace
 }  // namespace kvant
