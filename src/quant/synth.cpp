@@ -89,6 +89,42 @@ Result<json> synth_config(const json& like, double f, int64_t vocab_override) {
   return c;
 }
 
+namespace {
+// One tensor to write, [rows, cols] (cols 0: a vector); fill: 0 random, 1
+// ones, 2 zeros.
+struct SynthTensor {
+  std::string name;
+  int64_t rows, cols;
+  int fill;
+};
+
+// model.safetensors in o.out: every tensor in BF16, random ones from o.seed.
+Result<void> write_tensors(const SynthOptions& o, const std::vector<SynthTensor>& ts,
+                           SynthSummary& sum) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : ts) {
+    specs.push_back({t.name, DType::BF16, t.cols ? std::vector<int64_t>{t.rows, t.cols} : std::vector<int64_t>{t.rows}});
+    sum.params += t.rows * std::max<int64_t>(t.cols, 1);
+  }
+  auto w = SafetensorsWriter::create(o.out, specs);
+  if (!w) return w.error();
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> nd(0.f, o.init_std);
+  std::vector<uint8_t> buf;
+  for (const auto& t : ts) {
+    const int64_t n = t.rows * std::max<int64_t>(t.cols, 1);
+    buf.resize(size_t(n) * 2);
+    auto* out = reinterpret_cast<uint16_t*>(buf.data());
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = f32_to_bf16(t.fill == 1 ? 1.f : t.fill == 2 ? 0.f : nd(rng));
+    KV_TRY(w->write(t.name, buf));
+  }
+  KV_TRY(w->finish());
+  sum.bytes = w->total_bytes();
+  return {};
+}
+}  // namespace
+
 Result<SynthSummary> synth_checkpoint(const SynthOptions& o) {
   std::error_code ec;
   const std::string path = fs::is_directory(o.like, ec) ? (fs::path(o.like) / "config.json").string() : o.like;
@@ -122,13 +158,7 @@ Result<SynthSummary> synth_checkpoint(const SynthOptions& o) {
   const int64_t dense = E > 0 ? num("first_k_dense_replace") : L;
   const bool mla = num("kv_lora_rank") > 0;
 
-  // Every tensor, [rows, cols] (cols 0: a vector); value: 0 random, 1 ones, 2 zeros.
-  struct T {
-    std::string name;
-    int64_t rows, cols;
-    int fill;
-  };
-  std::vector<T> ts;
+  std::vector<SynthTensor> ts;
   ts.push_back({"model.embed_tokens.weight", V, H, 0});
   for (int64_t l = 0; l < L + (o.mtp ? 1 : 0); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -207,27 +237,8 @@ Result<SynthSummary> synth_checkpoint(const SynthOptions& o) {
 
   fs::create_directories(o.out, ec);
   if (ec) return make_error(o.out + ": cannot create: " + ec.message());
-  std::vector<TensorSpec> specs;
   SynthSummary sum;
-  for (const auto& t : ts) {
-    specs.push_back({t.name, DType::BF16, t.cols ? std::vector<int64_t>{t.rows, t.cols} : std::vector<int64_t>{t.rows}});
-    sum.params += t.rows * std::max<int64_t>(t.cols, 1);
-  }
-  auto w = SafetensorsWriter::create(o.out, specs);
-  if (!w) return w.error();
-  std::mt19937_64 rng(o.seed);
-  std::normal_distribution<float> nd(0.f, o.init_std);
-  std::vector<uint8_t> buf;
-  for (const auto& t : ts) {
-    const int64_t n = t.rows * std::max<int64_t>(t.cols, 1);
-    buf.resize(size_t(n) * 2);
-    auto* out = reinterpret_cast<uint16_t*>(buf.data());
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = f32_to_bf16(t.fill == 1 ? 1.f : t.fill == 2 ? 0.f : nd(rng));
-    KV_TRY(w->write(t.name, buf));
-  }
-  KV_TRY(w->finish());
-  sum.bytes = w->total_bytes();
+  KV_TRY(write_tensors(o, ts, sum));
   json out = c;
   {
     std::ofstream f(fs::path(o.out) / "config.json");
