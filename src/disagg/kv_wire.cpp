@@ -186,6 +186,9 @@ std::vector<uint8_t> encode_handoff_head(uint64_t request_id, const KvHandoff& k
     }
   }
   w.u64(k.sampler_state);
+  const size_t drafts = std::min<size_t>(k.mtp_draft.size(), kWireMaxDraft);
+  w.u8(uint8_t(drafts));
+  for (size_t i = 0; i < drafts; ++i) w.i32(k.mtp_draft[i]);
   w.u64(k.pages.size());
   for (const KvHandoffPage& p : k.pages) {
     w.u32(p.src_page);
@@ -321,6 +324,15 @@ Result<WireHandoff> decode_handoff_meta(const WireHeader& h, std::span<const uin
     }
   }
   k.sampler_state = r.get<uint64_t>("sampler state");
+  const uint8_t drafts = r.get<uint8_t>("draft tokens");
+  if (r.ok() && drafts > kWireMaxDraft)
+    r.fail("draft tokens " + std::to_string(drafts) + " out of [0, " +
+           std::to_string(kWireMaxDraft) + "]");
+  for (uint8_t i = 0; r.ok() && i < drafts; ++i) {
+    k.mtp_draft.push_back(r.get<int32_t>("draft token"));
+    if (r.ok() && k.mtp_draft.back() < 0)
+      r.fail("draft token " + std::to_string(k.mtp_draft.back()));
+  }
   const uint64_t pages = r.count("pages", 16, uint64_t(kWireMaxPrompt));
   if (r.ok() && int64_t(pages) != (int64_t(n) + k.page_tokens - 1) / k.page_tokens)
     r.fail(std::to_string(pages) + " pages for " + std::to_string(n) + " tokens in pages of " +

@@ -46,7 +46,9 @@
 namespace kvant::disagg {
 
 inline constexpr char kWireMagic[4] = {'K', 'V', 'X', 'F'};
-inline constexpr uint16_t kWireVersion = 2;  // 2: a handoff's metadata length first
+// 2: a handoff's metadata length first; 3: the prefill side's MTP draft
+inline constexpr uint16_t kWireVersion = 3;
+inline constexpr uint8_t kWireMaxDraft = 16;  // draft tokens a handoff may carry
 inline constexpr size_t kWireHeaderBytes = 24;
 // Limits a parser enforces (a peer beyond them is refused, not trusted).
 inline constexpr uint64_t kWireMaxPayload = uint64_t(1) << 36;  // 64 GiB

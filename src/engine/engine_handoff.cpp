@@ -54,6 +54,7 @@ void Engine::refresh_handoffs() {
       std::memcpy(dst, pool_->page_data(h.pages[i].src_page), size_t(pb));
       h.pages[i].checksum = kv_page_checksum(dst, pb);
     }
+    h.mtp_draft = r->mtp_draft;
     Req::DeferredFinal& d = r->deferred_final;
     if (d.token >= 0) {
       emit(*r, d.token, d.text, r->request.logprobs ? &r->lp : nullptr, d.finish, "");
@@ -176,6 +177,17 @@ Result<void> Engine::start_import(Req& r) {
   r.sampler.accept(h.first_token);
   r.sampler.set_rng_state(h.sampler_state);
   r.completion_tokens = 1;
+  // The prefill side's MTP draft, for this side's first step (ids checked:
+  // a draft is fed to the forward).
+  const SpeculativeParams& sp = r.request.speculative;
+  if (model_->config().mtp_layers > 0 && sp.method == SpecMethod::kMtp && sp.num_tokens > 0 &&
+      std::all_of(h.mtp_draft.begin(), h.mtp_draft.end(),
+                  [&](int32_t t) { return t >= 0 && t < model_->config().vocab; })) {
+    r.mtp_draft.assign(h.mtp_draft.begin(),
+                       h.mtp_draft.begin() + std::min<ptrdiff_t>(ptrdiff_t(h.mtp_draft.size()),
+                                                                 sp.num_tokens));
+    r.mtp_draft_pos = int64_t(h.prompt.size()) + 1;
+  }
   const StepLogprobs* lp = r.request.logprobs && h.has_logprobs ? &h.first_logprobs : nullptr;
   auto st = r.stop.step(h.first_token);
   if (st.finish == FinishReason::None) {

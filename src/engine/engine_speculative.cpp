@@ -84,7 +84,10 @@ void Engine::run_mtp(const StepPlan& plan) {
     b.tokens.push_back(next);
     // Logits (the output head, a large share of a small model's bytes) only
     // for a request that will offer a draft next step.
-    const bool drafts = !r.done && r.request.speculative.method == SpecMethod::kMtp &&
+    // A handoff request is done after its first token, but its draft
+    // travels with its pages to the decode side.
+    const bool drafts = (!r.done || r.handoff_out) &&
+                        r.request.speculative.method == SpecMethod::kMtp &&
                         r.request.speculative.num_tokens > 0 && r.pacer.would_draft(running);
     SeqChunk ch{I.batch.seqs[j].kv, e.start, kept, false};
     ch.no_logits = !drafts;

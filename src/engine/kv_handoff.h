@@ -48,6 +48,9 @@ struct KvHandoff {
   bool has_logprobs = false;    // first_logprobs is meaningful
   StepLogprobs first_logprobs;
   uint64_t sampler_state = 0;  // the sampler's random state after the first token
+  // The prefill side's MTP draft for the tokens after first_token (empty
+  // without one; at most 16).
+  std::vector<int32_t> mtp_draft;
   std::vector<KvHandoffPage> pages;
   std::vector<uint8_t> data;  // pages.size() * page_bytes
 };

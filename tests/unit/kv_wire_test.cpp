@@ -37,6 +37,7 @@ WireHandoff sample_handoff(bool logprobs) {
     k.first_logprobs.top[1] = {7, -1.5f};
   }
   k.sampler_state = 99;
+  k.mtp_draft = {5, 9};
   k.pages.resize(2);
   k.data.resize(128);
   for (size_t i = 0; i < k.data.size(); ++i) k.data[i] = uint8_t(i * 31 + 7);
@@ -101,6 +102,7 @@ TEST(KvWire, RoundTripsEveryMessage) {
     EXPECT_EQ(d->kv.first_logprobs.n_top, lp ? 2 : 0);
     EXPECT_EQ(d->kv.pages[1].src_generation, 4u);
     EXPECT_EQ(d->kv.sampler_state, 99u);
+    EXPECT_EQ(d->kv.mtp_draft, (std::vector<int32_t>{5, 9}));
     EXPECT_EQ(encode(*d), bytes);
   }
   WireHello hello{WireRole::kDecode, "SmolLM2", 77, "bf16, 16-token pages"};
@@ -202,7 +204,8 @@ TEST(KvWire, TruncationsTrailingBytesAndFlipsAreRefused) {
 TEST(KvWire, CorruptFieldsBehindAValidHashAreRefused) {
   const auto good = encode(sample_handoff(false));
   // Payload offsets: metadata length 0, request id 8, layout hash 16, page
-  // bytes 24, page tokens 32, prompt count 40.
+  // bytes 24, page tokens 32, prompt count 40, 6 prompt tokens, first token
+  // 72, logprobs flag 76, sampler state 77, draft count 85.
   struct Case {
     size_t at;
     uint64_t value;
@@ -213,7 +216,9 @@ TEST(KvWire, CorruptFieldsBehindAValidHashAreRefused) {
                {kWireHeaderBytes + 40, 0, "empty prompt"},
                {kWireHeaderBytes + 40, 1000, "prompt tokens"},
                {kWireHeaderBytes + 0, uint64_t(1) << 40, "metadata"},
-               {kWireHeaderBytes + 0, 9, "bytes"}};
+               {kWireHeaderBytes + 0, 9, "bytes"},
+               {kWireHeaderBytes + 85, 17, "draft tokens"},
+               {kWireHeaderBytes + 86, uint64_t(0xffffffffu), "draft token"}};
   for (const Case& c : cases) {
     auto b = good;
     std::memcpy(b.data() + c.at, &c.value, 8);

@@ -341,9 +341,9 @@ TEST(Mtp, AHandoffCarriesTheMtpRows) {
   // Disaggregated: a prefill engine hands each prompt's pages over after
   // its first token, a decode engine drafts with the MTP layer from them.
   // The pages must hold the MTP layer's rows for the whole prompt (the MTP
-  // pass runs after the draw; the final event waits for it), and the decode
-  // side's tokens are one engine's. (Its drafts start a step later: the
-  // prefill side's first draft is not handed over.)
+  // pass runs after the draw; the final event waits for it) and the prefill
+  // side's first draft: the decode side then drafts and accepts exactly
+  // what one engine doing both does, and its tokens are that engine's.
   for (const char* name : {"glm4_moe", "deepseek_v3", "glm_moe_dsa"}) {
     const auto ps = prompts(name);
     const int gen = 24;
@@ -399,6 +399,8 @@ TEST(Mtp, AHandoffCarriesTheMtpRows) {
       EXPECT_EQ(got[i].tokens, want[i].tokens) << name << " prompt " << i;
     }
     const EngineStats a = (*one)->stats(), b = (*dec)->stats();
+    EXPECT_EQ(a.spec_draft_tokens, b.spec_draft_tokens) << name;
+    EXPECT_EQ(a.spec_accepted_tokens, b.spec_accepted_tokens) << name;
     EXPECT_GT(b.spec_accepted_tokens, 0) << name;
     std::printf("[mtp] %s handoff: %lld drafts, %lld accepted (one engine: %lld, %lld)\n", name,
                 (long long)b.spec_draft_tokens, (long long)b.spec_accepted_tokens,
