@@ -21,7 +21,7 @@ struct QuantizeCliOpts {
   std::string in, out, method = "rtn", calib, format = "int4";
   int group_size = 128;
   bool asym = false, quantize_lm_head = false, json = false, strict_groups = false,
-       act_order = false;
+       act_order = false, clip = false;
   double damp = 0.01, sink_weight = 1.0;
   int64_t calib_tokens = 4096, calib_rows = 256;
   std::vector<std::string> keep;
@@ -48,6 +48,7 @@ int run_quantize(const QuantizeCliOpts& c) {
     return fail("--method " + c.method + " needs --calib TEXTFILE");
   if (c.act_order && !gptq) return fail("--act-order is a GPTQ option (--method gptq)");
   if (c.sink_weight != 1.0 && !gptq) return fail("--sink-weight is a GPTQ option (--method gptq)");
+  if (c.clip && !gptq) return fail("--clip is a GPTQ option (--method gptq)");
   const bool fp8 = c.format == "fp8";
   if (fp8 && (c.method != "rtn" || c.asym || c.strict_groups))
     return fail("--format fp8 takes 128x128 block scales (amax / 448): --method, --asym and "
@@ -70,6 +71,7 @@ int run_quantize(const QuantizeCliOpts& c) {
     p.gptq_damp = c.damp;
     p.gptq_act_order = c.act_order;
     p.gptq_sink_weight = c.sink_weight;
+    p.gptq_clip = c.clip;
     p.calib_tokens = std::move(ids);
     p.calib_source = c.calib;
     p.calib_rows = c.calib_rows;
@@ -147,6 +149,9 @@ void register_quantize(CLI::App& app) {
   cmd->add_flag("--act-order", o.act_order,
                 "gptq: columns in order of decreasing activation energy (group scales from the "
                 "original weights, so the checkpoint needs no group index)");
+  cmd->add_flag("--clip", o.clip,
+                "gptq: each group's range shrunk where that lowers its Hessian-weighted rounding "
+                "error (clips its largest values)");
   cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (awq, gptq)")
       ->check(CLI::Range(64, 1 << 24));
   cmd->add_option("--calib-rows", o.calib_rows, "input rows per product in the scale search (awq)")

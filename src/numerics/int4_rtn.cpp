@@ -37,6 +37,40 @@ Int4GroupParams int4_group_params(const float* w, int n, bool asym) {
   return p;
 }
 
+Int4GroupParams int4_group_params_clipped(const float* w, const float* h, int n, bool asym,
+                                          float min_ratio, int steps) {
+  const Int4GroupParams full = int4_group_params(w, n, asym);
+  if (full.scale == 0.f || steps <= 0) return full;
+  auto err = [&](const Int4GroupParams& p) {
+    double e = 0;
+    for (int i = 0; i < n; ++i) {
+      const double d = double(w[i]) - double(int4_code(w[i], p, asym) - p.zero) * p.scale;
+      e += (h ? double(h[i]) : 1.0) * d * d;
+    }
+    return e;
+  };
+  Int4GroupParams best = full;
+  double best_err = err(full);
+  float lo = 0, hi = 0;
+  for (int i = 0; i < n && asym; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
+  for (int s = 1; s <= steps; ++s) {
+    const float f = 1.f - (1.f - min_ratio) * float(s) / float(steps);
+    Int4GroupParams p;
+    if (!asym) {
+      p.div = full.div * f;
+      p.scale = to_bf16(p.div);
+    } else {
+      const float l = lo * f, u = hi * f;
+      p.scale = p.div = to_bf16((u - l) / 15.f);
+      if (p.scale == 0.f) continue;
+      p.zero = int8_t(clamp4(std::nearbyint(-l / p.scale) - 8.f));
+    }
+    const double e = err(p);
+    if (e < best_err) best = p, best_err = e;
+  }
+  return best;
+}
+
 int8_t int4_code(float w, const Int4GroupParams& p, bool asym) {
   if (p.scale == 0.f) return asym ? p.zero : 0;
   if (!asym) return int8_t(clamp4(std::floor(w / p.div + 0.5f)));

@@ -42,6 +42,16 @@ struct Int4GroupParams {
 Int4GroupParams int4_group_params(const float* w, int n, bool asym);
 int8_t int4_code(float w, const Int4GroupParams& p, bool asym);
 
+// The same rules with the group's range shrunk by the factor f in {1, 1 - 1/steps,
+// ..., min_ratio} that minimises sum_i h_i (w_i - w'_i)^2 (h: per-element
+// weights, e.g. the diagonal of an input Hessian; nullptr weighs all
+// alike); f = 1 is tried first and kept on ties, so the result is never worse
+// than int4_group_params under that measure. Shrinking clips the group's
+// largest values to give the others a finer grid (the "MSE observer" of GPTQ
+// tool chains, the clip search of AWQ).
+Int4GroupParams int4_group_params_clipped(const float* w, const float* h, int n, bool asym,
+                                          float min_ratio = 0.7f, int steps = 40);
+
 // `w` is row-major [rows, cols]; when group does not divide cols the last
 // group of each row is short (ceil(cols / group) scales per row).
 // Rows are split over the OpenMP threads.

@@ -122,6 +122,11 @@ Result<Int4Weight> gptq_quantize(const float* w, int64_t rows, int64_t cols,
   auto U = inverse_upper_factor(Hp, n);
   if (!U) return U.error();
 
+  std::vector<float> hdiag(static_cast<size_t>(n));  // by original column
+  for (int64_t i = 0; i < n; ++i) hdiag[size_t(i)] = float(H[size_t(i * n + i)]);
+  auto group_params = [&](const float* v, const float* h, int len) {
+    return o.clip ? int4_group_params_clipped(v, h, len, o.asym) : int4_group_params(v, len, o.asym);
+  };
   Int4Weight out;
   out.rows = rows, out.cols = cols, out.group = G;
   out.q.resize(size_t(rows * cols));
@@ -139,7 +144,7 @@ Result<Int4Weight> gptq_quantize(const float* w, int64_t rows, int64_t cols,
           std::vector<float> grp(wr + g * G, wr + std::min(cols, (g + 1) * G));
           for (int64_t c = g * G; c < std::min(cols, (g + 1) * G); ++c)
             if (dead[size_t(c)]) grp[size_t(c - g * G)] = 0;
-          gp[size_t(g)] = int4_group_params(grp.data(), int(grp.size()), o.asym);
+          gp[size_t(g)] = group_params(grp.data(), hdiag.data() + g * G, int(grp.size()));
           have[size_t(g)] = 1;
         }
       }
@@ -148,7 +153,7 @@ Result<Int4Weight> gptq_quantize(const float* w, int64_t rows, int64_t cols,
         const int64_t c = perm[size_t(i)], g = c / G;
         if (!have[size_t(g)]) {  // dynamic: this group's current values (identity order)
           const int64_t c1 = std::min(cols, (g + 1) * G);
-          gp[size_t(g)] = int4_group_params(x.data() + i, int(c1 - c), o.asym);
+          gp[size_t(g)] = group_params(x.data() + i, hdiag.data() + c, int(c1 - c));
           have[size_t(g)] = 1;
         }
         const Int4GroupParams& p = gp[size_t(g)];

@@ -34,6 +34,9 @@ struct GptqOptions {
   // models carry their massive activations; weighting it protects the
   // outputs every later position attends to (docs/BENCHMARKS.md, GPTQ).
   double sink_weight = 1.0;
+  // Group ranges by int4_group_params_clipped (numerics/int4_rtn.h), the
+  // error weighted by H's diagonal, instead of the plain min/max rule.
+  bool clip = false;
 };
 
 struct GptqStats {

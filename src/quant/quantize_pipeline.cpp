@@ -26,6 +26,17 @@ Result<AwqPlan> plan_awq(const QuantizePipelineOptions& o) {
   return p;
 }
 
+GptqOptions gptq_options(const QuantizePipelineOptions& o) {
+  GptqOptions g;
+  g.group = o.checkpoint.group_size;
+  g.asym = o.checkpoint.asymmetric;
+  g.damp = o.gptq_damp;
+  g.act_order = o.gptq_act_order;
+  g.sink_weight = o.gptq_sink_weight;
+  g.clip = o.gptq_clip;
+  return g;
+}
+
 // Hessians from the BF16 model on the calibration tokens.
 Result<GptqPlan> plan_gptq(const QuantizePipelineOptions& o) {
   auto m = Model::load(o.checkpoint.in, {WeightPrecision::kBf16, WeightPrecision::kBf16});
@@ -33,13 +44,7 @@ Result<GptqPlan> plan_gptq(const QuantizePipelineOptions& o) {
   if (o.log)
     o.log("gptq: " + std::to_string(o.calib_tokens.size()) + " calibration tokens from " +
           o.calib_source + ", accumulating Hessians...");
-  GptqOptions g;
-  g.group = o.checkpoint.group_size;
-  g.asym = o.checkpoint.asymmetric;
-  g.damp = o.gptq_damp;
-  g.act_order = o.gptq_act_order;
-  g.sink_weight = o.gptq_sink_weight;
-  return gptq_plan(**m, o.calib_tokens, o.calib_chunk, g);
+  return gptq_plan(**m, o.calib_tokens, o.calib_chunk, gptq_options(o));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ struct QuantizePipelineOptions {
   double gptq_damp = 0.01;
   bool gptq_act_order = false;
   double gptq_sink_weight = 1.0;
+  bool gptq_clip = false;  // GptqOptions::clip
   // AWQ / GPTQ: the calibration tokens, run in chunks of calib_chunk; AWQ
   // keeps up to calib_rows input rows per product for its scale search,
   // GPTQ accumulates every row into the products' Hessians.

@@ -151,5 +151,48 @@ TEST(QuantRtn, ErrorStatistics) {
   EXPECT_DOUBLE_EQ(e.rel_rms, std::sqrt(0.5) / std::sqrt(12.5));
 }
 
+// The clip search (int4_group_params_clipped): never worse than the plain
+// rule under its own weighted error, equal to it where shrinking cannot help
+// (values on the grid), and it does shrink a group with one outlier.
+TEST(QuantRtn, ClippedGroupsNeverLoseToPlainOnes) {
+  auto err = [](const std::vector<float>& w, const float* h, const Int4GroupParams& p, bool asym) {
+    double e = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double d = w[i] - double(int4_code(w[i], p, asym) - p.zero) * p.scale;
+      e += (h ? h[i] : 1.0) * d * d;
+    }
+    return e;
+  };
+  int shrunk = 0;
+  for (uint32_t seed = 0; seed < 40; ++seed)
+    for (bool asym : {false, true}) {
+      auto w = gaussian(128, 100 + seed);
+      const auto h = gaussian(128, 200 + seed, 1.f);
+      std::vector<float> hw(h.size());
+      for (size_t i = 0; i < h.size(); ++i) hw[i] = h[i] * h[i];
+      const float* hp = seed % 2 ? hw.data() : nullptr;
+      const Int4GroupParams plain = int4_group_params(w.data(), 128, asym);
+      const Int4GroupParams clip = int4_group_params_clipped(w.data(), hp, 128, asym);
+      EXPECT_LE(err(w, hp, clip, asym), err(w, hp, plain, asym)) << seed << " " << asym;
+      EXPECT_EQ(clip.scale, bf16r(clip.scale));
+      if (clip.scale != plain.scale) ++shrunk;
+      EXPECT_LE(std::fabs(clip.scale), std::fabs(plain.scale));
+    }
+  EXPECT_GT(shrunk, 40);  // Gaussian groups of 128: the tails are worth clipping
+  // One outlier among small values: its range is cut.
+  std::vector<float> o(128, 0.f);
+  for (int i = 0; i < 128; ++i) o[size_t(i)] = 0.01f * float((i * 37) % 15 - 7) / 7.f;
+  o[5] = -0.05f;
+  const Int4GroupParams po = int4_group_params_clipped(o.data(), nullptr, 128, false);
+  EXPECT_LT(std::fabs(po.scale), 0.05f / 8.f);
+  // Values on the plain grid: nothing to gain, the plain parameters stay.
+  std::vector<float> g(64);
+  for (int i = 0; i < 64; ++i) g[size_t(i)] = 0.125f * float(i % 16 - 8);
+  const Int4GroupParams pg = int4_group_params(g.data(), 64, false);
+  const Int4GroupParams cg = int4_group_params_clipped(g.data(), nullptr, 64, false);
+  EXPECT_EQ(cg.scale, pg.scale);
+  EXPECT_EQ(err(g, nullptr, cg, false), 0.0);
+}
+
 }  // namespace
 }  // namespace kvant
