@@ -77,7 +77,12 @@ int8_t int4_code(float w, const Int4GroupParams& p, bool asym) {
   return int8_t(clamp4(std::nearbyint(w / p.div) + float(p.zero)));
 }
 
-Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, bool asym) {
+namespace {
+
+// rtn_quantize with group parameters from params(values, column, n).
+template <class Params>
+Int4Weight rtn_with(const float* w, int64_t rows, int64_t cols, int group, bool asym,
+                    Params&& params) {
   KV_CHECK(group > 0);
   Int4Weight r;
   r.rows = rows;
@@ -95,13 +100,27 @@ Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, b
       for (int64_t g = 0; g < groups; ++g) {
         const size_t off = size_t(row * cols + g * group), gi = size_t(row * groups + g);
         const int n = int(std::min<int64_t>(group, cols - g * group));
-        const Int4GroupParams p = int4_group_params(w + off, n, asym);
+        const Int4GroupParams p = params(w + off, g * group, n);
         r.scale[gi] = p.scale;
         if (asym) r.zero[gi] = p.zero;
         for (int i = 0; i < n; ++i) r.q[off + size_t(i)] = int4_code(w[off + size_t(i)], p, asym);
       }
   });
   return r;
+}
+
+}  // namespace
+
+Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, bool asym) {
+  return rtn_with(w, rows, cols, group, asym,
+                  [&](const float* v, int64_t, int n) { return int4_group_params(v, n, asym); });
+}
+
+Int4Weight rtn_quantize_clipped(const float* w, int64_t rows, int64_t cols, int group, bool asym,
+                                const float* h) {
+  return rtn_with(w, rows, cols, group, asym, [&](const float* v, int64_t c0, int n) {
+    return int4_group_params_clipped(v, h ? h + c0 : nullptr, n, asym);
+  });
 }
 
 void dequantize(const Int4Weight& w, float* out) {

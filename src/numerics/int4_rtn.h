@@ -57,6 +57,12 @@ Int4GroupParams int4_group_params_clipped(const float* w, const float* h, int n,
 // Rows are split over the OpenMP threads.
 Int4Weight rtn_quantize(const float* w, int64_t rows, int64_t cols, int group, bool asym);
 
+// The same with every group's parameters from int4_group_params_clipped,
+// element c of a row weighted by h[c] (h: [cols], e.g. the mean square of
+// the product's input column; nullptr weighs all alike).
+Int4Weight rtn_quantize_clipped(const float* w, int64_t rows, int64_t cols, int group, bool asym,
+                                const float* h);
+
 // out: [rows, cols], w[r, c] = (q - zero) * scale.
 void dequantize(const Int4Weight& w, float* out);
 

@@ -85,6 +85,16 @@ Result<AwqPlan> awq_plan(Model& model, std::span<const int32_t> tokens, int64_t 
                     (long long)l, st.label, r.alpha, r.mse_rtn, r.mse_best,
                     r.mse_rtn > 0 ? 100.0 * r.mse_best / r.mse_rtn : 100.0);
       plan.report.push_back(line);
+      std::vector<float> energy(static_cast<size_t>(cols), 0.f);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t i = 0; i < cols; ++i) energy[size_t(i)] += x[size_t(t * cols + i)] * x[size_t(t * cols + i)];
+      for (int64_t i = 0; i < cols; ++i)
+        energy[size_t(i)] /= float(std::max<int64_t>(n, 1)) * r.scale[size_t(i)] * r.scale[size_t(i)];
+      const std::vector<const char*> names =
+          st.which == 0 ? std::vector<const char*>{"wq", "wk", "wv"}
+          : st.which == 2 ? std::vector<const char*>{"w_gate", "w_up"}
+                          : std::vector<const char*>{"w_down"};
+      for (const char* t : names) plan.col_energy[hf(t)] = energy;
       if (r.alpha == 0.f) continue;
       if (st.which == 0) {
         for (const char* t : {"wq", "wk", "wv"}) plan.col_mul[hf(t)] = r.scale;

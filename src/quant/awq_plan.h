@@ -25,6 +25,10 @@ struct AwqPlan {
   std::map<std::string, std::vector<float>> row_div;   // weight [rows, cols]: row r divided by s[r]
   std::map<std::string, std::vector<float>> norm_div;  // norm [n]: divided by s (Gemma: 1 + w)
   bool norm_plus_one = false;                          // Gemma: the forward uses 1 + w
+  // By weight name: the mean square of each input column over the captured
+  // rows, divided by s^2 where the columns are scaled (the input the scaled
+  // weight meets); weights a clip search's error (no o_proj: not captured).
+  std::map<std::string, std::vector<float>> col_energy;
   std::vector<std::string> report;                     // one line per searched product
   // Applies the edits for one tensor (no-op for names the plan does not touch).
   void apply(const std::string& name, const std::vector<int64_t>& shape,

@@ -1,6 +1,7 @@
 #include "quant/quantize_pipeline.h"
 
 #include "model/model.h"
+#include "numerics/int4_rtn.h"
 #include "quant/awq_plan.h"
 #include "quant/gptq_plan.h"
 
@@ -33,7 +34,7 @@ GptqOptions gptq_options(const QuantizePipelineOptions& o) {
   g.damp = o.gptq_damp;
   g.act_order = o.gptq_act_order;
   g.sink_weight = o.gptq_sink_weight;
-  g.clip = o.gptq_clip;
+  g.clip = o.clip;
   return g;
 }
 
@@ -72,6 +73,17 @@ Result<QuantizeSummary> quantize_model(const QuantizePipelineOptions& o) {
       return r;
     };
   }
+  if (o.clip && !o.gptq)
+    q.quantize_int4 = [&plan, group = q.group_size, asym = q.asymmetric](const std::string& name, const std::vector<int64_t>& shape,
+                              const std::vector<float>& v) -> Result<std::optional<Int4Weight>> {
+      if (shape.size() != 2) return std::optional<Int4Weight>();
+      const auto e = plan.col_energy.find(name);
+      const float* h = e != plan.col_energy.end() && int64_t(e->second.size()) == shape[1]
+                           ? e->second.data()
+                           : nullptr;
+      return std::optional<Int4Weight>(rtn_quantize_clipped(
+          v.data(), shape[0], shape[1], group, asym, h));
+    };
   return quantize_checkpoint(q);
 }
 

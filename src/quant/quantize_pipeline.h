@@ -24,7 +24,10 @@ struct QuantizePipelineOptions {
   double gptq_damp = 0.01;
   bool gptq_act_order = false;
   double gptq_sink_weight = 1.0;
-  bool gptq_clip = false;  // GptqOptions::clip
+  // Group ranges by a clip search (numerics/int4_rtn.h,
+  // int4_group_params_clipped): GPTQ weighs each column's error by its
+  // Hessian diagonal, AWQ by its input's mean square (RTN: unweighted).
+  bool clip = false;
   // AWQ / GPTQ: the calibration tokens, run in chunks of calib_chunk; AWQ
   // keeps up to calib_rows input rows per product for its scale search,
   // GPTQ accumulates every row into the products' Hessians.

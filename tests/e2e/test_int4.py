@@ -52,3 +52,13 @@ def test_split_precision_serves_from_the_gguf():
                    for line in srv.log), srv.log
         c = ask(srv)
         assert "Paris" in c.message.content, c.message.content
+
+
+def test_clip_without_calibration_is_refused():
+    with tempfile.TemporaryDirectory() as d:
+        for extra, msg in ((["--clip"], "--clip weighs each column"),
+                           (["--format", "fp8", "--clip"], "are INT4 options")):
+            r = subprocess.run([kvant_bin(), "quantize", "--in", model_path(), "--out", os.path.join(d, "x"),
+                                *extra], capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0 and msg in r.stderr, r.stderr
+            assert not os.path.exists(os.path.join(d, "x"))

@@ -194,5 +194,36 @@ TEST(QuantRtn, ClippedGroupsNeverLoseToPlainOnes) {
   EXPECT_EQ(err(g, nullptr, cg, false), 0.0);
 }
 
+// Whole matrices: each group as int4_group_params_clipped makes it (a short
+// last group included), and the weighted error never above plain RTN's.
+TEST(QuantRtn, ClippedMatrixIsPerGroupClipping) {
+  const int64_t rows = 6, cols = 160, group = 64;
+  const auto w = gaussian(rows * cols, 301);
+  std::vector<float> h(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) h[size_t(c)] = 1.f + float(c % 9);
+  for (bool asym : {false, true}) {
+    const Int4Weight q = rtn_quantize_clipped(w.data(), rows, cols, group, asym, h.data());
+    const Int4Weight r = rtn_quantize(w.data(), rows, cols, group, asym);
+    std::vector<float> bq(w.size()), br(w.size());
+    dequantize(q, bq.data());
+    dequantize(r, br.data());
+    double eq = 0, er = 0;
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t g = 0; g * group < cols; ++g) {
+        const int64_t c0 = g * group, n = std::min(group, cols - c0);
+        const Int4GroupParams p =
+            int4_group_params_clipped(w.data() + row * cols + c0, h.data() + c0, int(n), asym);
+        EXPECT_EQ(q.scale[size_t(row * 3 + g)], p.scale);
+        for (int64_t c = c0; c < c0 + n; ++c) {
+          const size_t i = size_t(row * cols + c);
+          EXPECT_EQ(q.q[i], int4_code(w[i], p, asym));
+          eq += h[size_t(c)] * (w[i] - bq[i]) * (w[i] - bq[i]);
+          er += h[size_t(c)] * (w[i] - br[i]) * (w[i] - br[i]);
+        }
+      }
+    EXPECT_LT(eq, er) << asym;
+  }
+}
+
 }  // namespace
 }  // namespace kvant
