@@ -42,8 +42,9 @@ struct Int4GroupParams {
 Int4GroupParams int4_group_params(const float* w, int n, bool asym);
 int8_t int4_code(float w, const Int4GroupParams& p, bool asym);
 
-// The same rules with the group's range shrunk by the factor f in {1, 1 - 1/steps,
-// ..., min_ratio} that minimises sum_i h_i (w_i - w'_i)^2 (h: per-element
+// The same rules with the group's range shrunk by the factor f in
+// {1 - (1 - min_ratio) s / steps : s = 0 .. steps} (1 down to min_ratio)
+// that minimises sum_i h_i (w_i - w'_i)^2 (h: per-element
 // weights, e.g. the diagonal of an input Hessian; nullptr weighs all
 // alike); f = 1 is tried first and kept on ties, so the result is never worse
 // than int4_group_params under that measure. Shrinking clips the group's
