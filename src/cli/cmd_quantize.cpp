@@ -23,7 +23,7 @@ struct QuantizeCliOpts {
   bool asym = false, quantize_lm_head = false, json = false, strict_groups = false,
        act_order = false, clip = false;
   double damp = 0.01, sink_weight = 1.0;
-  int64_t calib_tokens = 4096, calib_rows = 256;
+  int64_t calib_tokens = 0, calib_rows = 256;  // calib_tokens 0: the method's default
   std::vector<std::string> keep;
   int threads = 0;
 };
@@ -67,7 +67,10 @@ int run_quantize(const QuantizeCliOpts& c) {
     auto tok = load_tokenizer_for(c.in, nullptr);
     if (!tok) return fail(tok.error().message);
     auto ids = (*tok)->encode(ss.str(), false, false);
-    if (int64_t(ids.size()) > c.calib_tokens) ids.resize(size_t(c.calib_tokens));
+    // GPTQ's Hessians keep gaining from more rows where AWQ's scales do not
+    // (docs/BENCHMARKS.md, "Clip search and more calibration").
+    const int64_t want = c.calib_tokens > 0 ? c.calib_tokens : gptq ? 32768 : 4096;
+    if (int64_t(ids.size()) > want) ids.resize(size_t(want));
     p.awq = awq;
     p.gptq = gptq;
     p.gptq_damp = c.damp;
@@ -154,7 +157,8 @@ void register_quantize(CLI::App& app) {
   cmd->add_flag("--clip", o.clip,
                 "each group's range shrunk where that lowers its rounding error, weighted by "
                 "the Hessian diagonal (gptq) or the input's mean square (awq)");
-  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (awq, gptq)")
+  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (default: 4096 for awq, 32768 "
+                  "with gptq)")
       ->check(CLI::Range(64, 1 << 24));
   cmd->add_option("--calib-rows", o.calib_rows, "input rows per product in the scale search (awq)")
       ->check(CLI::Range(16, 1 << 16));
