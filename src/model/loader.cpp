@@ -106,6 +106,10 @@ class Loader {
         fp8_(prec == WeightPrecision::kFp8), opts_(opts), be_(be) {
     if (plan.tp > 1 || plan.ep > 1) sp_ = &plan;
   }
+  // An INT4 checkpoint loaded as it is (native precision): linears it stores
+  // in BF16 (its quantization_config ignore list, e.g. `kvant quantize
+  // --keep`) stay BF16 instead of being quantized at load.
+  void keep_stored_bf16(bool on) { keep_bf16_ = on; }
 
   // What this rank keeps of each sliced dimension (everything without a plan).
   Keep q_rows(int64_t per_head) const { return sp_ ? keep(sp_->q_heads, per_head) : Keep{}; }
@@ -186,7 +190,8 @@ class Loader {
   // Several [rows_i, cols] parts stacked into one product: fills m (BF16)
   // or mq (INT4 or FP8) as the set asks. INT4: INT4 parts are taken as
   // stored; FP32 ones are quantized with RTN (a short last group where the
-  // group size does not divide the input size); a product whose input size
+  // group size does not divide the input size), except that a product with
+  // no INT4 part stays BF16 under keep_stored_bf16; a product whose input size
   // is not a multiple of 32 stays BF16. FP8: see product_fp8; an odd input
   // size stays BF16.
   //
@@ -197,8 +202,13 @@ class Loader {
                        bool quantize,
                        const std::function<void(size_t, std::vector<float>&)>& transform = {},
                        Keep cols_kept = {}) {
-    bool stored_int4 = true;
-    for (auto& p : parts) stored_int4 = stored_int4 && part_is_int4(p.name);
+    bool stored_int4 = true, any_int4 = false;
+    for (auto& p : parts) {
+      const bool q4 = part_is_int4(p.name);
+      stored_int4 = stored_int4 && q4;
+      any_int4 = any_int4 || q4;
+    }
+    if (keep_bf16_ && !fp8_ && !any_int4) quantize = false;
     const int64_t kc = cols_kept.size(cols);
     // (A stored INT4 product whose input size the kernels cannot take is
     // dequantized to BF16.)
@@ -640,6 +650,7 @@ class Loader {
   const ModelConfig& cfg_;
   Names names_;
   bool quant_ = false;  // the set's products take INT4 or FP8 where they can
+  bool keep_bf16_ = false;
   bool fp8_ = false;    // ... and it is FP8
   WeightSetOptions opts_;
   const backend::Backend& be_;
@@ -730,6 +741,8 @@ Result<LoadedModel> load_model(const ModelFiles& files, const WeightSetOptions& 
   if (!opts.backend) own = backend::make_cpu_backend();
   Loader l(files.tensors(), m.config, naming, prec, opts, opts.backend ? *opts.backend : *own,
            m.shard);
+  l.keep_stored_bf16(files.int4() &&
+                     (opts.keep_stored_bf16 || opts.precision == WeightPrecision::kNative));
   auto w = l.load();
   if (!w) return w.error();
   m.weights = std::move(*w);

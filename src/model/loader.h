@@ -30,6 +30,10 @@ struct WeightSetOptions {
   // scales (numerics/fp8_block.h).
   int int4_group = 128;
   bool int4_lm_head = false;  // also quantize the output projection
+  // INT4 sets from an INT4 checkpoint: products stored without any INT4
+  // part (the checkpoint's quantization_config ignore list) stay BF16
+  // instead of being quantized at load. Implied by precision kNative.
+  bool keep_stored_bf16 = false;
   // Prepares the products (the CPU backend when null).
   const backend::Backend* backend = nullptr;
   // Tensor/expert parallelism: this process's rank in each; it loads the

@@ -116,6 +116,10 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
                                                : WeightPrecision::kBf16;
   auto resolve = [&](WeightPrecision p) { return p == WeightPrecision::kNative ? native : p; };
   const WeightPrecision want[2] = {resolve(opts.prefill), resolve(opts.decode)};
+  // An INT4 checkpoint taken as it is keeps its BF16 linears (loader.h);
+  // asked for int4, they are quantized: two different sets.
+  const bool keep_bf16[2] = {opts.prefill == WeightPrecision::kNative && files.int4(),
+                             opts.decode == WeightPrecision::kNative && files.int4()};
   auto be = backend::make_backend(opts.backend);
   if (!be) {
     std::string names;
@@ -125,16 +129,17 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
   ModelConfig cfg;
   dist::ShardPlan plan;
   std::vector<ModelWeights> sets;
-  std::vector<WeightPrecision> loaded;
+  std::vector<std::pair<WeightPrecision, bool>> loaded;
   int index[2] = {0, 0};
   for (int phase = 0; phase < 2; ++phase) {
-    auto at = std::find(loaded.begin(), loaded.end(), want[phase]);
+    auto at = std::find(loaded.begin(), loaded.end(), std::make_pair(want[phase], keep_bf16[phase]));
     if (at != loaded.end()) {
       index[phase] = int(at - loaded.begin());
       continue;
     }
     WeightSetOptions so;
     so.precision = want[phase];
+    so.keep_stored_bf16 = keep_bf16[phase];
     so.int4_group = opts.int4_group;
     so.int4_lm_head = opts.int4_lm_head;
     so.mtp = opts.mtp;
@@ -164,7 +169,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelFiles& files, const Weight
     plan = m->shard;
     index[phase] = int(sets.size());
     sets.push_back(std::move(m->weights));
-    loaded.push_back(want[phase]);
+    loaded.emplace_back(want[phase], keep_bf16[phase]);
   }
   const ModelConfig full = cfg;
   auto model = std::make_unique<Model>(std::move(cfg), std::move(sets), index[0], index[1],

@@ -24,6 +24,7 @@
 #include "model/archs/arch.h"
 #include "model/config.h"
 #include "model/loader.h"
+#include "model/model.h"
 #include "numerics/bf16.h"
 #include "numerics/fp8.h"
 #include "quant/checkpoint.h"
@@ -226,6 +227,28 @@ TEST(QuantCheckpoint, AsymmetricKeepPatternAndGroup64) {
   EXPECT_TRUE(r->warnings.empty());
   check_output(out, s, 64, true,
                {"model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.up_proj"});
+  {  // Loaded as it is, the kept o_proj stays BF16; gate|up of layer 1 has an
+     // INT4 part, so the fused product is INT4. Asked for int4, all are.
+    auto native = load_model(out);
+    ASSERT_TRUE(native.ok()) << native.error().message;
+    for (const auto& L : native->weights.layers) {
+      EXPECT_TRUE(L.wo_q.empty());
+      EXPECT_GT(L.wo.rows, 0);
+      EXPECT_FALSE(L.wqkv_q.empty());
+      EXPECT_FALSE(L.w_gate_up_q.empty());
+    }
+    WeightSetOptions w;
+    w.precision = WeightPrecision::kInt4;
+    auto int4 = load_model(out, w);
+    ASSERT_TRUE(int4.ok()) << int4.error().message;
+    for (const auto& L : int4->weights.layers) EXPECT_FALSE(L.wo_q.empty());
+    // A model with native prefill and int4 decode holds both sets.
+    auto m = Model::load(out, {WeightPrecision::kNative, WeightPrecision::kInt4});
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_NE((*m)->prefill_set(), (*m)->decode_set());
+    EXPECT_EQ((*m)->set_precision((*m)->prefill_set()), "mixed");
+    EXPECT_EQ((*m)->set_precision((*m)->decode_set()), "int4");
+  }
   o.keep = {"("};
   EXPECT_FALSE(quantize_checkpoint(o).ok());
   o.keep = {};
