@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "backend/backend.h"
 
 namespace kvant::cli {
@@ -178,7 +179,7 @@ int run_single(const BenchOpts& o, const std::string& wspec) {
           std::fprintf(stderr, "kvant: %s\n", r.error().message.c_str());
           return 1;
         }
-        next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        next = Sampler::argmax(logits);
       }
       tg = now_s() - t0;
       if (rep > 0) {
@@ -349,7 +350,7 @@ int run_batched(const BenchOpts& o) {
           if (auto r = model.forward(chunks, logits); !r) return fail(r.error().message);
           for (int i = 0; i < n; ++i) {
             const float* row = logits.data() + size_t(i) * size_t(c.vocab);
-            next[size_t(i)] = int32_t(std::max_element(row, row + c.vocab) - row);
+            next[size_t(i)] = Sampler::argmax(std::span<const float>(row, size_t(c.vocab)));
           }
         }
         const double t2 = now_s();

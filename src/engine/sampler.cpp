@@ -21,6 +21,7 @@
 
 #include "core/check.h"
 #include "backend/host.h"
+#include "kernels/cpu/kernels.h"
 
 namespace kvant {
 namespace {
@@ -76,18 +77,9 @@ Result<void> check_sampling_params(const SamplingParams& p) {
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_state_(p.seed) {}
 
 int32_t Sampler::argmax(std::span<const float> l) {
-  if (l.empty()) return 0;
-  // The running maximum in a register, not re-read through the index: this
-  // loop is the whole cost of a greedy step.
-  size_t best = 0;
-  float bv = l[0];
-  for (size_t i = 1; i < l.size(); ++i) {
-    if (l[i] > bv) {
-      bv = l[i];
-      best = i;
-    }
-  }
-  return int32_t(best);
+  // The whole cost of a greedy step: the ISA's kernel (its index is the
+  // scalar first-maximum loop's, kernels.h).
+  return int32_t(kernels::active().argmax(l.data(), int64_t(l.size())));
 }
 
 double Sampler::uniform() {

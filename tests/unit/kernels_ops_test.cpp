@@ -110,6 +110,51 @@ TEST_P(KernelOpsTest, GatedActivations) {
   }
 }
 
+// Exact: the index of the scalar loop, ties to the first, NaNs passed over,
+// -0 and +0 equal.
+TEST_P(KernelOpsTest, ArgmaxIsTheScalarLoopsIndex) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<int64_t> lengths(std::begin(kLengths), std::end(kLengths));
+  lengths.push_back(49152);
+  for (int64_t n : lengths) {
+    for (int variant = 0; variant < 7; ++variant) {
+      auto x = random_f32(size_t(n), -20.f, 20.f, uint32_t(n) * 7 + uint32_t(variant));
+      const size_t a = size_t(n) / 3, b = size_t(n) * 2 / 3;
+      switch (variant) {
+        case 1:  // the maximum twice: the first wins
+          x[a] = x[b] = 50.f;
+          break;
+        case 2:  // NaNs around and at the would-be maximum's place
+          for (size_t i = 1; i < x.size(); i += 5) x[i] = nan;
+          break;
+        case 3:  // NaN first: the loop never moves
+          x[0] = nan;
+          break;
+        case 4:  // zeros of both signs are the maximum
+          for (float& v : x) v = -std::fabs(v) - 1.f;
+          x[b] = 0.f;
+          x[a] = -0.f;
+          break;
+        case 5:  // -inf everywhere but one place, +inf at the end
+          x.assign(x.size(), -inf);
+          x[b] = -1.f;
+          x.back() = n > 1 ? inf : x.back();
+          break;
+        case 6:  // all NaN after the first
+          for (size_t i = 1; i < x.size(); ++i) x[i] = nan;
+          break;
+      }
+      int64_t want = 0;
+      for (int64_t i = 1; i < n; ++i)
+        if (x[size_t(i)] > x[size_t(want)]) want = i;
+      ASSERT_EQ(ref::argmax(x.data(), n), want) << "ref n=" << n << " variant " << variant;
+      ASSERT_EQ(T().argmax(x.data(), n), want) << "n=" << n << " variant " << variant;
+    }
+  }
+  EXPECT_EQ(T().argmax(nullptr, 0), 0);
+}
+
 // rtol 1e-5: exp error plus an FP32 lane-parallel sum of up to ~4k terms.
 TEST_P(KernelOpsTest, Softmax) {
   const float ninf = -std::numeric_limits<float>::infinity();

@@ -30,6 +30,7 @@ void fill(KernelTable& t) {
   t.silu_mul = Ns::silu_mul;
   t.gelu_tanh_mul = Ns::gelu_tanh_mul;
   t.softmax = Ns::softmax;
+  t.argmax = Ns::argmax;
   t.attn_scores = Ns::attn_scores;
   t.attn_weighted_sum = Ns::attn_weighted_sum;
   t.paged_attn_decode = Ns::paged_attn_decode;
@@ -55,6 +56,7 @@ void fill(KernelTable& t) {
     static constexpr auto silu_mul = ns::silu_mul;                      \
     static constexpr auto gelu_tanh_mul = ns::gelu_tanh_mul;            \
     static constexpr auto softmax = ns::softmax;                        \
+    static constexpr auto argmax = ns::argmax;                          \
     static constexpr auto attn_scores = ns::attn_scores;                \
     static constexpr auto attn_weighted_sum = ns::attn_weighted_sum;    \
     static constexpr auto paged_attn_decode = ns::paged_attn_decode;    \

@@ -179,6 +179,12 @@ struct KernelTable {
   // exp(-87.3) (FLT_MIN) relative to the max may flush to 0.
   void (*softmax)(float* x, int64_t n) = nullptr;
 
+  // Greedy sampling: the index the scalar loop `best = 0; for i in 1..n-1:
+  // if x[i] > x[best]: best = i` returns, on every ISA: the first index of
+  // the largest value, NaN entries passed over (a NaN x[0] gives 0, as that
+  // loop does); 0 for n <= 0.
+  int64_t (*argmax)(const float* x, int64_t n) = nullptr;
+
   // Attention helpers for one head; K and V rows are BF16 (what prefill holds
   // and what FP8 pages dequantize to), q, p and results FP32, FP32 sums.
   // scores[t] = scale * dot(q[0:d], K[t * ldk + 0:d]) for t in [0, n), d = head_dim.

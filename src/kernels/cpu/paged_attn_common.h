@@ -41,6 +41,21 @@ inline void for_each_token(const PagedKv& kv, Fn&& fn) {
 // kernels request rows (and dynamic scales) this many pages ahead.
 inline constexpr int64_t kPrefetchPages = 4;
 
+// The in-loop prefetches run kPrefetchPages pages ahead, so a task's first
+// pages would be read cold: at its start, ask for their K rows, then their V
+// rows (needed only after the score pass, so they have time to arrive). At
+// batch, where every task is a short context, those are a third or more of
+// all rows read.
+inline void prefetch_lead_pages(const PagedKv& kv, int64_t row_bytes) {
+  const int64_t pt = kv.page_tokens;
+  const int64_t lead = kv.n_tokens < kPrefetchPages * pt ? kv.n_tokens : kPrefetchPages * pt;
+  const uint8_t* const* const both[2] = {kv.k_pages, kv.v_pages};
+  for (const uint8_t* const* pages : both)
+    for (int64_t t = 0; t < lead; ++t)
+      for (int64_t b = 0; b < row_bytes; b += 64)
+        __builtin_prefetch(pages[t / pt] + (t % pt) * kv.token_stride + b, 0, 1);
+}
+
 // Dynamic scales sit in a separate block of each page: at a page's first slot,
 // ask for the scales kPrefetchPages pages on (a few lines) so later reads hit.
 inline void prefetch_next_scales(const uint16_t* const* scales, int64_t pg, int64_t i,

@@ -19,6 +19,7 @@ void rmsnorm(const float* x, const float* w, float w_offset, float eps, float* y
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
 void softmax(float* x, int64_t n);
+int64_t argmax(const float* x, int64_t n);
 void attn_scores(const float* q, const uint16_t* k, int64_t ldk, int64_t n, int64_t head_dim,
                  float scale, float* scores);
 void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk,

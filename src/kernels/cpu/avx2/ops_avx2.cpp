@@ -89,6 +89,26 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// As avx512's argmax: the largest value, then the first index holding it.
+int64_t argmax(const float* x, int64_t n) {
+  if (n <= 1 || std::isnan(x[0])) return 0;
+  const __m256 first = _mm256_set1_ps(x[0]);
+  __m256 mx = first;
+  for (int64_t i = 0; i < n; i += 8) mx = _mm256_max_ps(load_part_fill(x + i, n - i, first), mx);
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const __m256 m = _mm256_set1_ps(_mm_cvtss_f32(m4));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), m, _CMP_EQ_OQ));
+    if (hit) return i + __builtin_ctz(unsigned(hit));
+  }
+  for (; i < n; ++i)
+    if (x[i] == _mm256_cvtss_f32(m)) return i;
+  return 0;  // not reached: the maximum is one of the values
+}
+
 void softmax(float* x, int64_t n) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const __m256 ninf = _mm256_set1_ps(kNegInf);

@@ -320,6 +320,7 @@ template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
   const int64_t n = kv.n_tokens;
+  prefetch_lead_pages(kv, hd * kv_elem_bytes(E));
   scores<E>(q, group, hd, scale, kv, scratch, n);
   for (int64_t h = 0; h < group; ++h) softmax(scratch + h * n, n);
   // FP8: the first d block scales the probabilities as it streams the V scales.

@@ -88,6 +88,23 @@ void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// Two passes: the largest value (MAXPS with x first passes over NaN lanes,
+// and max is exact in any order), then the first index holding it; equal to
+// the scalar loop's index (kernels.h).
+int64_t argmax(const float* x, int64_t n) {
+  if (n <= 1 || std::isnan(x[0])) return 0;
+  __m512 mx = _mm512_set1_ps(x[0]);
+  for (int64_t i = 0; i < n; i += 16)
+    mx = _mm512_max_ps(_mm512_mask_loadu_ps(mx, mask16(n - i), x + i), mx);
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 hit =
+        _mm512_mask_cmp_ps_mask(mask16(n - i), _mm512_maskz_loadu_ps(mask16(n - i), x + i), m, _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(unsigned(hit));
+  }
+  return 0;  // not reached: the maximum is one of the values
+}
+
 void softmax(float* x, int64_t n) {
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 mx = ninf;

@@ -480,6 +480,7 @@ void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& 
          float* out) {
   // Block by block, so that a block's scores are still in cache for its sum.
   const int64_t per = heads_per_block<E>(hd), n = kv.n_tokens;
+  prefetch_lead_pages(kv, hd * kv_elem_bytes(E));
   for (int64_t h0 = 0; h0 < group; h0 += per) {
     const int64_t nh = std::min(per, group - h0);
     float* sb = scratch + h0 * n;
