@@ -11,4 +11,8 @@ namespace kvant::backend {
 // contract: -inf entries become exactly 0).
 void host_softmax(float* x, int64_t n);
 
+// The first index of the largest value, NaN entries passed over (the
+// kernels' argmax contract: the scalar first-maximum loop's index).
+int64_t host_argmax(const float* x, int64_t n);
+
 }  // namespace kvant::backend

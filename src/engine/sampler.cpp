@@ -21,7 +21,6 @@
 
 #include "core/check.h"
 #include "backend/host.h"
-#include "kernels/cpu/kernels.h"
 
 namespace kvant {
 namespace {
@@ -77,9 +76,9 @@ Result<void> check_sampling_params(const SamplingParams& p) {
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_state_(p.seed) {}
 
 int32_t Sampler::argmax(std::span<const float> l) {
-  // The whole cost of a greedy step: the ISA's kernel (its index is the
-  // scalar first-maximum loop's, kernels.h).
-  return int32_t(kernels::active().argmax(l.data(), int64_t(l.size())));
+  // The whole cost of a greedy step: the host's SIMD kernel (its index is
+  // the scalar first-maximum loop's).
+  return int32_t(backend::host_argmax(l.data(), int64_t(l.size())));
 }
 
 double Sampler::uniform() {
