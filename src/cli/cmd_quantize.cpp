@@ -18,7 +18,8 @@ namespace kvant::cli {
 namespace {
 
 struct QuantizeCliOpts {
-  std::string in, out, method = "rtn", calib, format = "int4";
+  std::string in, out, method = "rtn", format = "int4";
+  std::vector<std::string> calib;  // texts, their tokens in the order given
   int group_size = 128;
   bool asym = false, quantize_lm_head = false, json = false, strict_groups = false,
        act_order = false, clip = false;
@@ -60,16 +61,24 @@ int run_quantize(const QuantizeCliOpts& c) {
   if (awq || gptq) {
     // The calibration text's tokens; the scales and Hessians come from the
     // BF16 model on them (quant/awq_plan.h, quant/gptq_plan.h).
-    std::ifstream f(c.calib, std::ios::binary);
-    if (!f) return fail("cannot open " + c.calib);
-    std::stringstream ss;
-    ss << f.rdbuf();
+    // Each file is tokenized on its own (no token spans two files).
     auto tok = load_tokenizer_for(c.in, nullptr);
     if (!tok) return fail(tok.error().message);
-    auto ids = (*tok)->encode(ss.str(), false, false);
-    // GPTQ's Hessians keep gaining from more rows where AWQ's scales do not
-    // (docs/BENCHMARKS.md, "Clip search and more calibration").
-    const int64_t want = c.calib_tokens > 0 ? c.calib_tokens : gptq ? 32768 : 4096;
+    std::vector<int32_t> ids;
+    std::string source;
+    for (const std::string& path : c.calib) {
+      std::ifstream f(path, std::ios::binary);
+      if (!f) return fail("cannot open " + path);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      const auto part = (*tok)->encode(ss.str(), false, false);
+      ids.insert(ids.end(), part.begin(), part.end());
+      source += (source.empty() ? "" : " + ") + path;
+    }
+    // GPTQ's Hessians keep gaining from more and more varied rows where AWQ's
+    // scales do not (docs/BENCHMARKS.md, "More varied calibration text"):
+    // 262,144 holds all three shipped files (about 183,000 SmolLM2 tokens).
+    const int64_t want = c.calib_tokens > 0 ? c.calib_tokens : gptq ? 262144 : 4096;
     if (int64_t(ids.size()) > want) ids.resize(size_t(want));
     p.awq = awq;
     p.gptq = gptq;
@@ -77,7 +86,7 @@ int run_quantize(const QuantizeCliOpts& c) {
     p.gptq_act_order = c.act_order;
     p.gptq_sink_weight = c.sink_weight;
     p.calib_tokens = std::move(ids);
-    p.calib_source = c.calib;
+    p.calib_source = source;
     p.calib_rows = c.calib_rows;
     p.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   }
@@ -144,7 +153,7 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("--method", o.method,
                   "rtn (default), awq (activation-aware scales), gptq (error-compensating "
                   "rounding against calibration Hessians) or awq+gptq");
-  cmd->add_option("--calib", o.calib, "calibration text file (awq, gptq)");
+  cmd->add_option("--calib", o.calib, "calibration text file (awq, gptq); repeatable: the files' tokens in the order given");
   cmd->add_option("--damp", o.damp, "gptq: dampening, a share of the Hessian's mean diagonal")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--sink-weight", o.sink_weight,
@@ -157,8 +166,8 @@ void register_quantize(CLI::App& app) {
   cmd->add_flag("--clip", o.clip,
                 "each group's range shrunk where that lowers its rounding error, weighted by "
                 "the Hessian diagonal (gptq) or the input's mean square (awq)");
-  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from its start (default: 4096 for awq, 32768 "
-                  "with gptq)")
+  cmd->add_option("--calib-tokens", o.calib_tokens, "calibration tokens taken from the start of the --calib files "
+                  "in order (default: 4096 for awq, 262144 with gptq)")
       ->check(CLI::Range(64, 1 << 24));
   cmd->add_option("--calib-rows", o.calib_rows, "input rows per product in the scale search (awq)")
       ->check(CLI::Range(16, 1 << 16));

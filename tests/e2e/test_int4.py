@@ -13,12 +13,15 @@ import openai
 from kvant_server import MODEL_ID, Server, kvant_bin, model_path
 
 CALIB = os.path.join(os.path.dirname(__file__), "../../data/calib/arc_challenge_train.txt")
+MMLU_DEV = os.path.join(os.path.dirname(__file__), "../../data/calib/mmlu_dev.txt")
 
 
-def quantize(out, *extra):
+def quantize(out, *extra, log=None):
     r = subprocess.run([kvant_bin(), "quantize", "--in", model_path(), "--out", out, "--json", *extra],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
+    if log is not None:
+        log.extend(r.stderr.splitlines())
     return json.loads(r.stdout)
 
 
@@ -31,11 +34,20 @@ def ask(srv):
 
 def test_quantized_directory_serves():
     with tempfile.TemporaryDirectory() as d:
+        # Two calibration files, their tokens in the order given: a first one of
+        # a few hundred tokens, so 1,024 are reached only through the second.
+        head = os.path.join(d, "head.txt")
+        with open(CALIB, encoding="utf-8") as f, open(head, "w", encoding="utf-8") as g:
+            g.write(f.read(2000))
         for method, extra in (("rtn", ["--group-size", "32"]),
-                              ("awq", ["--group-size", "128", "--method", "awq", "--calib", CALIB,
-                                       "--calib-tokens", "1024"])):
+                              ("awq", ["--group-size", "128", "--method", "awq", "--calib", head,
+                                       "--calib", MMLU_DEV, "--calib-tokens", "1024"])):
             out = os.path.join(d, method)
-            s = quantize(out, *extra)
+            log = []
+            s = quantize(out, *extra, log=log)
+            if method == "awq":
+                assert any(f"awq: 1024 calibration tokens from {head} + {MMLU_DEV}" in line
+                           for line in log), log
             assert s["quantized_tensors"] == 210  # 30 layers x q, k, v, o, gate, up, down
             # Scales and zero points counted: at most 0.29 of the BF16 bytes.
             assert s["quantized_int4_bytes"] <= 0.29 * s["quantized_bf16_bytes"], s
@@ -57,6 +69,8 @@ def test_split_precision_serves_from_the_gguf():
 def test_clip_without_calibration_is_refused():
     with tempfile.TemporaryDirectory() as d:
         for extra, msg in ((["--clip"], "--clip weighs each column"),
+                           (["--method", "awq", "--calib", CALIB, "--calib", os.path.join(d, "none.txt")],
+                            "cannot open " + os.path.join(d, "none.txt")),
                            (["--format", "fp8", "--clip"], "are INT4 options")):
             r = subprocess.run([kvant_bin(), "quantize", "--in", model_path(), "--out", os.path.join(d, "x"),
                                 *extra], capture_output=True, text=True, timeout=60)
