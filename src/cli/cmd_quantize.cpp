@@ -61,24 +61,31 @@ int run_quantize(const QuantizeCliOpts& c) {
   if (awq || gptq) {
     // The calibration text's tokens; the scales and Hessians come from the
     // BF16 model on them (quant/awq_plan.h, quant/gptq_plan.h).
-    // Each file is tokenized on its own (no token spans two files).
-    auto tok = load_tokenizer_for(c.in, nullptr);
-    if (!tok) return fail(tok.error().message);
-    std::vector<int32_t> ids;
-    std::string source;
+    // Each file is tokenized on its own (no token spans two files). Every
+    // path is opened before the tokenizer loads, so a typo fails at once, and
+    // files past the cap are not tokenized at all.
+    std::vector<std::string> texts;
     for (const std::string& path : c.calib) {
       std::ifstream f(path, std::ios::binary);
       if (!f) return fail("cannot open " + path);
       std::stringstream ss;
       ss << f.rdbuf();
-      const auto part = (*tok)->encode(ss.str(), false, false);
-      ids.insert(ids.end(), part.begin(), part.end());
-      source += (source.empty() ? "" : " + ") + path;
+      texts.push_back(ss.str());
     }
     // GPTQ's Hessians keep gaining from more and more varied rows where AWQ's
     // scales do not (docs/BENCHMARKS.md, "More varied calibration text"):
     // 262,144 holds all three shipped files (about 183,000 SmolLM2 tokens).
     const int64_t want = c.calib_tokens > 0 ? c.calib_tokens : gptq ? 262144 : 4096;
+    auto tok = load_tokenizer_for(c.in, nullptr);
+    if (!tok) return fail(tok.error().message);
+    std::vector<int32_t> ids;
+    std::string source;
+    for (size_t i = 0; i < texts.size() && int64_t(ids.size()) < want; ++i) {
+      const auto part = (*tok)->encode(texts[i], false, false);
+      ids.insert(ids.end(), part.begin(), part.end());
+      source += (source.empty() ? "" : " + ") + c.calib[i];
+      std::string().swap(texts[i]);
+    }
     if (int64_t(ids.size()) > want) ids.resize(size_t(want));
     p.awq = awq;
     p.gptq = gptq;

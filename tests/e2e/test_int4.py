@@ -35,19 +35,20 @@ def ask(srv):
 def test_quantized_directory_serves():
     with tempfile.TemporaryDirectory() as d:
         # Two calibration files, their tokens in the order given: a first one of
-        # a few hundred tokens, so 1,024 are reached only through the second.
+        # a few hundred tokens, so 1,024 are reached only through the second; a
+        # third, past the cap, is not tokenized and not named.
         head = os.path.join(d, "head.txt")
         with open(CALIB, encoding="utf-8") as f, open(head, "w", encoding="utf-8") as g:
             g.write(f.read(2000))
         for method, extra in (("rtn", ["--group-size", "32"]),
                               ("awq", ["--group-size", "128", "--method", "awq", "--calib", head,
-                                       "--calib", MMLU_DEV, "--calib-tokens", "1024"])):
+                                       "--calib", MMLU_DEV, "--calib", CALIB, "--calib-tokens", "1024"])):
             out = os.path.join(d, method)
             log = []
             s = quantize(out, *extra, log=log)
             if method == "awq":
-                assert any(f"awq: 1024 calibration tokens from {head} + {MMLU_DEV}" in line
-                           for line in log), log
+                assert any(line.endswith(f"awq: 1024 calibration tokens from {head} + {MMLU_DEV}, "
+                                         "searching scales...") for line in log), log
             assert s["quantized_tensors"] == 210  # 30 layers x q, k, v, o, gate, up, down
             # Scales and zero points counted: at most 0.29 of the BF16 bytes.
             assert s["quantized_int4_bytes"] <= 0.29 * s["quantized_bf16_bytes"], s
