@@ -223,8 +223,9 @@ void weighted_sum_block(const float* p, const uint16_t* v, int64_t ldv, int64_t 
 namespace {
 // The multi-query kernels take the rows in blocks: each block of K (then V)
 // is widened to FP32 once into a stack buffer (rows padded with zeros to a
-// multiple of 16 lanes) and then serves every query of the call, so the
-// inner loops are loads, FMAs and the reduction tree. The arithmetic is the
+// multiple of 16 lanes; K in quads, below) and then serves every query of
+// the call, so the inner loops are loads, FMAs and the reduction tree. The
+// arithmetic is the
 // one-query kernels' own, term for term (a padded zero is what the masked
 // BF16 load gives).
 constexpr int64_t kBlockFloats = 8192;  // 32 KB: one block stays in L1
@@ -323,6 +324,173 @@ void scores_multi_rows(const float* q, int64_t ldq, int64_t m, const Row* k, int
   }
 }
 
+// K rows staged for the multi-query scores in quads: for every 4 rows and
+// 16-lane chunk j, four vectors, vector a holding lanes 4a .. 4a+3 of chunk
+// j of rows 0, 1, 2 and 3 side by side (a 4 x 4 transpose of 128-bit
+// blocks). A query's 16 lane partials of those rows then lie in four
+// accumulators, and the first two levels of hsum's tree (lane l with l+8,
+// then with l+4) are vertical adds of whole vectors: the tree's shuffles are
+// left for its last two levels only. Rows [0, n), n a multiple of 4; a quad
+// takes 4 * padded_dim(hd) floats, zero past hd.
+void widen_quads(const uint16_t* x, int64_t ld, int64_t n, int64_t hd, float* out) {
+  const int64_t hdp = padded_dim(hd);
+  for (int64_t t = 0; t < n; t += 4, out += 4 * hdp)
+    for (int64_t d = 0; d < hdp; d += 16) {
+      const __mmask16 m = mask16(hd - d);
+      const uint16_t* r = x + t * ld + d;
+      const __m512 z0 = maskz_load_bf16(m, r), z1 = maskz_load_bf16(m, r + ld);
+      const __m512 z2 = maskz_load_bf16(m, r + 2 * ld), z3 = maskz_load_bf16(m, r + 3 * ld);
+      const __m512 t0 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 t1 = _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512 t2 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 t3 = _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(3, 2, 3, 2));
+      float* o = out + 4 * d;
+      _mm512_store_ps(o, _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_store_ps(o + 16, _mm512_shuffle_f32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1)));
+      _mm512_store_ps(o + 32, _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_store_ps(o + 48, _mm512_shuffle_f32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+}
+
+// Scores of M queries (qp: their rows zero-padded to hdp) against quad-staged
+// rows [0, n), n a multiple of 16, G quads at a time. Per row and lane the
+// FMA chain over the chunks is scores_multi_pass's; levels 1-2 add the same
+// pairs (P[l] + P[l+8], then + (P[l+4] + P[l+12])) as tree1 and tree2, and
+// tree3 / tree4 finish as there: bitwise attn_scores' values.
+template <int M, int G>
+void scores_quads_pass(const float* qp, int64_t hdp, const float* kq, int64_t n, float scale,
+                       float* scores, int64_t lds) {
+  const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t t = 0; t + 16 <= n; t += 16) {
+    __m512 c_prev[M], d_first[M], e[M];
+#pragma GCC unroll 4
+    for (int qg = 0; qg < 4; qg += G) {
+      __m512 acc[M][G][4];
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+          for (int a = 0; a < 4; ++a) acc[i][g][a] = _mm512_setzero_ps();
+      const float* base = kq + (t + 4 * qg) * hdp;
+      for (int64_t d = 0; d < hdp; d += 16) {
+        __m512 kv[G][4];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+          for (int a = 0; a < 4; ++a) kv[g][a] = _mm512_load_ps(base + g * 4 * hdp + 4 * d + 16 * a);
+#pragma GCC unroll 4
+        for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+          for (int a = 0; a < 4; ++a) {
+            const __m512 qb = _mm512_load_ps(qp + 4 * (i * hdp + d) + 16 * a);
+#pragma GCC unroll 4
+            for (int g = 0; g < G; ++g) acc[i][g][a] = _mm512_fmadd_ps(qb, kv[g][a], acc[i][g][a]);
+          }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          const __m512 c = _mm512_add_ps(_mm512_add_ps(acc[i][g][0], acc[i][g][2]),
+                                         _mm512_add_ps(acc[i][g][1], acc[i][g][3]));
+          const int quad = qg + g;
+          if (quad % 2 == 0)
+            c_prev[i] = c;
+          else if (quad == 1)
+            d_first[i] = tree3(c_prev[i], c);
+          else
+            e[i] = tree4(d_first[i], tree3(c_prev[i], c));
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i)
+      _mm512_storeu_ps(scores + i * lds + t,
+                       _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[i]), sc));
+  }
+}
+
+// One query, head 64 (four chunks): its 16 broadcast quarters stay in
+// registers and the rows come in as FMA memory operands, G quads at a time.
+template <int G>
+void scores_quads_q64(const float* qp, const float* kq, int64_t n, float scale, float* scores) {
+  const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 qv[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) qv[j] = _mm512_load_ps(qp + 16 * j);
+  for (int64_t t = 0; t + 16 <= n; t += 16) {
+    __m512 c_prev = _mm512_setzero_ps(), d_first = c_prev, e = c_prev;
+#pragma GCC unroll 4
+    for (int qg = 0; qg < 4; qg += G) {
+      const float* base = kq + (t + 4 * qg) * 64;
+      __m512 acc[G][4];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+        for (int a = 0; a < 4; ++a) acc[g][a] = _mm512_fmadd_ps(qv[a], _mm512_load_ps(base + g * 256 + 16 * a), _mm512_setzero_ps());
+#pragma GCC unroll 4
+      for (int j = 1; j < 4; ++j)
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+          for (int a = 0; a < 4; ++a)
+            acc[g][a] = _mm512_fmadd_ps(qv[4 * j + a], _mm512_load_ps(base + g * 256 + 64 * j + 16 * a), acc[g][a]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 c = _mm512_add_ps(_mm512_add_ps(acc[g][0], acc[g][2]), _mm512_add_ps(acc[g][1], acc[g][3]));
+        const int quad = qg + g;
+        if (quad % 2 == 0)
+          c_prev = c;
+        else if (quad == 1)
+          d_first = tree3(c_prev, c);
+        else
+          e = tree4(d_first, tree3(c_prev, c));
+      }
+    }
+    _mm512_storeu_ps(scores + t, _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e), sc));
+  }
+}
+
+// All m queries against quad-staged rows [0, n) (n a multiple of 16).
+void scores_quads(const float* q, int64_t ldq, int64_t m, const float* kq, int64_t n, int64_t hd,
+                  float scale, float* scores, int64_t lds) {
+  const int64_t hdp = padded_dim(hd);
+  alignas(64) float qp[4 * 4 * 512];
+  for (int64_t i0 = 0; i0 < m; i0 += 4) {
+    const int64_t mm = std::min<int64_t>(4, m - i0);
+    for (int64_t i = 0; i < mm; ++i)
+      for (int64_t d = 0; d < hdp; d += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(mask16(hd - d), q + (i0 + i) * ldq + d);
+        float* o = qp + 4 * (i * hdp + d);
+        _mm512_store_ps(o, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(0, 0, 0, 0)));
+        _mm512_store_ps(o + 16, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 1, 1, 1)));
+        _mm512_store_ps(o + 32, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 2, 2, 2)));
+        _mm512_store_ps(o + 48, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 3, 3, 3)));
+      }
+    float* s = scores + i0 * lds;
+    if (hdp == 64) {
+      for (int64_t i = 0; i < mm; ++i) scores_quads_q64<2>(qp + 4 * i * hdp, kq, n, scale, s + i * lds);
+      continue;
+    }
+    switch (mm) {
+      case 4:
+        scores_quads_pass<4, 1>(qp, hdp, kq, n, scale, s, lds);
+        break;
+      case 3:
+        scores_quads_pass<3, 1>(qp, hdp, kq, n, scale, s, lds);
+        break;
+      case 2:
+        scores_quads_pass<2, 2>(qp, hdp, kq, n, scale, s, lds);
+        break;
+      default:
+        scores_quads_pass<1, 2>(qp, hdp, kq, n, scale, s, lds);
+        break;
+    }
+  }
+}
+
 // Weighted sums of M queries, lanes [d0, d0 + 16C) (last chunk: `last`
 // lanes), over widened rows [t0, t1) of V (vb holds row t0 first, stride
 // hdp), each query clipped to its own n[i]. out holds the sums over rows
@@ -407,12 +575,10 @@ void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k
     scores_multi_rows(q, ldq, m, k, ldk, n16, head_dim, scale, scores, lds);
   } else {
     alignas(64) float kb[kBlockFloats];
-    const int64_t hdp = padded_dim(head_dim);
     for (int64_t t0 = 0; t0 < n16; t0 += rows) {
       const int64_t nb = std::min(rows, n16 - t0);
-      widen_rows(k + t0 * ldk, ldk, nb, head_dim, kb);
-      scores_multi_rows(q, ldq, m, static_cast<const float*>(kb), hdp, nb, head_dim, scale,
-                        scores + t0, lds);
+      widen_quads(k + t0 * ldk, ldk, nb, head_dim, kb);
+      scores_quads(q, ldq, m, kb, nb, head_dim, scale, scores + t0, lds);
     }
   }
   // The tail (fewer than 16 rows): attn_scores' own paths, per query.
