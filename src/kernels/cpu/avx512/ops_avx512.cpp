@@ -225,9 +225,8 @@ namespace {
 // is widened to FP32 once into a stack buffer (rows padded with zeros to a
 // multiple of 16 lanes; K in quads, below) and then serves every query of
 // the call, so the inner loops are loads, FMAs and the reduction tree. The
-// arithmetic is the
-// one-query kernels' own, term for term (a padded zero is what the masked
-// BF16 load gives).
+// arithmetic is the one-query kernels' own, term for term (a padded zero is
+// what the masked BF16 load gives).
 constexpr int64_t kBlockFloats = 8192;  // 32 KB: one block stays in L1
 
 inline int64_t padded_dim(int64_t hd) { return (hd + 15) / 16 * 16; }
