@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/check.h"
@@ -77,7 +78,8 @@ void CpuBackend::kv_store_index(const StepPlan& plan, int64_t l, CF32 k) {
   pfor(plan.n_tokens(), 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const auto [f, page, slot] = token_slot(plan, t, l);
-      K_.f32_to_bf16(k.row(t), reinterpret_cast<uint16_t*>(page + f.index_offset) + slot * f.index_dim,
+      K_.f32_to_bf16(k.row(t),
+                     reinterpret_cast<uint16_t*>(page + f.index_offset) + slot * f.index_dim,
                      f.index_dim);
     }
   });
@@ -242,7 +244,8 @@ void CpuBackend::attention_decode(const StepPlan& plan, const DecodeAttn& a) {
 bool CpuBackend::decode_split_applies(const StepPlan& plan, const DecodeAttn& a) const {
   if (split_min_ctx_ <= 0 || a.topk > 0 || a.window > 0) return false;
   int64_t longest = 0;
-  for (int64_t ci : plan.decode_chunks) longest = std::max(longest, plan.chunks[size_t(ci)].pos0 + 1);
+  for (int64_t ci : plan.decode_chunks)
+    longest = std::max(longest, plan.chunks[size_t(ci)].pos0 + 1);
   if (longest < split_min_ctx_) return false;
   const int64_t nt = threads(), tasks = int64_t(decode_tasks_.size());
   return split_force_ || (nt > 1 && tasks < 2 * nt && tasks % nt != 0);
@@ -267,8 +270,10 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
     p_total += 4 * np;
     tokens += n;
   }
-  if (int64_t(split_scores_.size()) < s_total) split_scores_ = AlignedBuffer<float>(size_t(s_total));
-  if (int64_t(split_ptrs_.size()) < p_total) split_ptrs_ = AlignedBuffer<const uint8_t*>(size_t(p_total));
+  if (int64_t(split_scores_.size()) < s_total)
+    split_scores_ = AlignedBuffer<float>(size_t(s_total));
+  if (int64_t(split_ptrs_.size()) < p_total)
+    split_ptrs_ = AlignedBuffer<const uint8_t*>(size_t(p_total));
   // About 8 score ranges per thread over the whole step, none shorter than
   // split_min_part_ tokens; head_dim in ranges of 32.
   const int64_t part = std::max<int64_t>(split_min_part_, tokens / (8 * int64_t(nt)) + 1);
@@ -276,7 +281,8 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
   for (int64_t w = 0; w < n_tasks; ++w) {
     const SplitTask& st = split_tasks_[size_t(w)];
     const DecodeTask& task = decode_tasks_[size_t(w)];
-    const int64_t pt = plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])].kv->format->page_tokens;
+    const int64_t pt =
+        plan.chunks[size_t(plan.decode_chunks[size_t(task.d)])].kv->format->page_tokens;
     const int64_t step = std::max<int64_t>(1, (part + pt - 1) / pt);
     for (int64_t p0 = 0; p0 < st.np; p0 += step)
       split_units_[0].push_back({w, p0, std::min(st.np, p0 + step)});
@@ -288,7 +294,8 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
     if (w < n_tasks - n_tasks % pnt) {
       split_units_[2].push_back({w, 0, hd});
     } else {
-      for (int64_t d0 = 0; d0 < hd; d0 += 32) split_units_[2].push_back({w, d0, std::min(hd, d0 + 32)});
+      for (int64_t d0 = 0; d0 < hd; d0 += 32)
+        split_units_[2].push_back({w, d0, std::min(hd, d0 + 32)});
     }
   }
   auto view_of = [&](int64_t w) {
@@ -318,8 +325,8 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
       const int64_t pt = v.f.page_tokens;
       for (int64_t p = su.a0; p < su.a1; ++p) v.point(p, p * pt);
       // The view of pages [a0, a1): pointer arrays from entry a0.
-      const DecodeView part_v{v.c, v.f, l, v.kvh, hd, v.kp + su.a0, v.vp + su.a0, v.ksp + su.a0,
-                              v.vsp + su.a0};
+      const DecodeView part_v{v.c,           v.f,          l, v.kvh, hd, v.kp + su.a0, v.vp + su.a0,
+                              v.ksp + su.a0, v.vsp + su.a0};
       const int64_t t0 = su.a0 * pt, n = std::min(st.n, su.a1 * pt) - t0;
       K_.paged_attn_scores(a.q.row(row_of(su.task)) + task.h0 * hd, task.nh, hd, a.scale,
                            part_v.kv(n, pt), split_scores_.data() + st.s_off + t0, st.lds);
@@ -352,20 +359,28 @@ void CpuBackend::attention_decode_split(const StepPlan& plan, const DecodeAttn& 
 // so a thread's working set is one head's K and V.
 void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
   if (!plan.any_prefill) return;
-  if (prefill_key_[0] != step_ || prefill_key_[1] != a.heads) {
+  // The query heads that share a KV head go in one task where the multi-query
+  // kernels exist and their scores fit (kGroupScoreBytes a thread): a K or V
+  // row is then widened once for all of them, not once per head.
+  const int64_t nh = K_.attn_scores_multi && K_.attn_weighted_sum_multi && a.group > 1 &&
+                             a.group * kPrefillQueries * plan.max_ctx * 4 <= kGroupScoreBytes
+                         ? a.group
+                         : 1;
+  if (prefill_key_[0] != step_ || prefill_key_[1] != a.heads || prefill_key_[2] != nh) {
     prefill_tasks_.clear();
     for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
       const StepChunk& c = plan.chunks[ci];
       if (c.decodes()) continue;
-      for (int64_t h = 0; h < a.heads; ++h)
+      for (int64_t h = 0; h < a.heads; h += nh)
         for (int64_t i = 0; i < c.n_tokens; i += kPrefillQueries)
           prefill_tasks_.push_back(
-              {int64_t(ci), c.t0 + i, h, std::min(kPrefillQueries, c.n_tokens - i)});
+              {int64_t(ci), c.t0 + i, h, std::min(kPrefillQueries, c.n_tokens - i), nh});
     }
     prefill_key_[0] = step_;
     prefill_key_[1] = a.heads;
+    prefill_key_[2] = nh;
   }
-  ensure_attention(kPrefillQueries, plan.max_ctx, std::max(plan.max_pages, plan.max_ctx));
+  ensure_attention(nh * kPrefillQueries, plan.max_ctx, std::max(plan.max_pages, plan.max_ctx));
   const int64_t n_tasks = int64_t(prefill_tasks_.size());
   const int nt = threads();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (n_tasks > 1 && nt > 1)
@@ -385,8 +400,6 @@ void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
       ns[i] = pos - j0s[i] + 1;
       same_start = same_start && j0s[i] == j0s[0];
     }
-    const float* q0 = a.q.row(task.t) + h * a.q_head_stride;
-    float* o0 = a.out.row(task.t) + h * a.v_dim;
     // Soft-capping, then (DSA) the positions the indexer did not choose masked out.
     auto adjust = [&](int64_t i, float* row) {
       if (a.softcap > 0.f)
@@ -399,26 +412,59 @@ void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
       for (int64_t j = 0; j < ns[i]; ++j)
         if (!keep[j]) row[j] = -INFINITY;
     };
-    if (task.n > 1 && same_start && K_.attn_scores_multi && K_.attn_weighted_sum_multi) {
-      const int64_t row0 = g0 + j0s[0];
-      const int64_t n_max = ns[task.n - 1];  // consecutive tokens: the last sees the most rows
-      K_.attn_scores_multi(q0, a.q.ld, task.n, kbase + row0 * a.k.ld, a.k.ld, n_max, a.head_dim,
-                           a.scale, sc, n_max);
-      for (int64_t i = 0; i < task.n; ++i) {
-        adjust(i, sc + i * n_max);
-        K_.softmax(sc + i * n_max, ns[i]);
+    if (task.nh > 1 && same_start) {
+      // Query (head hl, token i) is row hl * n + i of contiguous copies; each
+      // result is its one-query value (the multi kernels' contract), as per head.
+      const int64_t n = task.n, m = task.nh * n, row0 = g0 + j0s[0], n_max = ns[n - 1];
+      thread_local std::vector<float> qb, ob;
+      thread_local std::vector<int64_t> nb;
+      qb.resize(size_t(m * a.head_dim));
+      ob.resize(size_t(m * a.v_dim));
+      nb.resize(size_t(m));
+      for (int64_t hl = 0; hl < task.nh; ++hl)
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(qb.data() + (hl * n + i) * a.head_dim,
+                      a.q.row(task.t + i) + (h + hl) * a.q_head_stride, size_t(a.head_dim) * 4);
+          nb[size_t(hl * n + i)] = ns[i];
+        }
+      K_.attn_scores_multi(qb.data(), a.head_dim, m, kbase + row0 * a.k.ld, a.k.ld, n_max,
+                           a.head_dim, a.scale, sc, n_max);
+      for (int64_t r = 0; r < m; ++r) {
+        adjust(r % n, sc + r * n_max);
+        K_.softmax(sc + r * n_max, ns[r % n]);
       }
-      K_.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase + row0 * a.v.ld, a.v.ld, a.v_dim, o0,
-                                 a.out.ld);
+      K_.attn_weighted_sum_multi(sc, n_max, nb.data(), m, vbase + row0 * a.v.ld, a.v.ld, a.v_dim,
+                                 ob.data(), a.v_dim);
+      for (int64_t hl = 0; hl < task.nh; ++hl)
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(a.out.row(task.t + i) + (h + hl) * a.v_dim,
+                      ob.data() + (hl * n + i) * a.v_dim, size_t(a.v_dim) * 4);
       continue;
     }
-    for (int64_t i = 0; i < task.n; ++i) {
-      const int64_t row0 = g0 + j0s[i];
-      K_.attn_scores(q0 + i * a.q.ld, kbase + row0 * a.k.ld, a.k.ld, ns[i], a.head_dim, a.scale,
-                     sc);
-      adjust(i, sc);
-      K_.softmax(sc, ns[i]);
-      K_.attn_weighted_sum(sc, vbase + row0 * a.v.ld, a.v.ld, ns[i], a.v_dim, o0 + i * a.out.ld);
+    for (int64_t hh = h; hh < h + task.nh; ++hh) {
+      const float* q0 = a.q.row(task.t) + hh * a.q_head_stride;
+      float* o0 = a.out.row(task.t) + hh * a.v_dim;
+      if (task.n > 1 && same_start && K_.attn_scores_multi && K_.attn_weighted_sum_multi) {
+        const int64_t row0 = g0 + j0s[0];
+        const int64_t n_max = ns[task.n - 1];  // consecutive tokens: the last sees the most rows
+        K_.attn_scores_multi(q0, a.q.ld, task.n, kbase + row0 * a.k.ld, a.k.ld, n_max, a.head_dim,
+                             a.scale, sc, n_max);
+        for (int64_t i = 0; i < task.n; ++i) {
+          adjust(i, sc + i * n_max);
+          K_.softmax(sc + i * n_max, ns[i]);
+        }
+        K_.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase + row0 * a.v.ld, a.v.ld, a.v_dim,
+                                   o0, a.out.ld);
+        continue;
+      }
+      for (int64_t i = 0; i < task.n; ++i) {
+        const int64_t row0 = g0 + j0s[i];
+        K_.attn_scores(q0 + i * a.q.ld, kbase + row0 * a.k.ld, a.k.ld, ns[i], a.head_dim, a.scale,
+                       sc);
+        adjust(i, sc);
+        K_.softmax(sc, ns[i]);
+        K_.attn_weighted_sum(sc, vbase + row0 * a.v.ld, a.v.ld, ns[i], a.v_dim, o0 + i * a.out.ld);
+      }
     }
   }
 }

@@ -94,6 +94,8 @@ class CpuBackend final : public Backend {
   // Prefill attention takes this many consecutive tokens of one head per
   // task, so each K and V row is read once for all of them (attn_*_multi).
   static constexpr int64_t kPrefillQueries = 16;
+  // Per-thread score bytes up to which a KV head's query heads share a prefill task.
+  static constexpr int64_t kGroupScoreBytes = int64_t(32) << 20;
   // MLA prefill expands cached latent rows this many at a time.
   static constexpr int64_t kExpandRows = 256;
 
@@ -113,6 +115,7 @@ class CpuBackend final : public Backend {
   };
   struct PrefillTask {
     int64_t chunk, t, h, n;  // n consecutive tokens from activation row t, query head h
+    int64_t nh = 1;          // query heads h .. h+nh-1 (one KV head's group) in one task
   };
   struct GatherPiece {
     int64_t chunk, j0, j1;  // positions [j0, j1) of one page
@@ -152,7 +155,7 @@ class CpuBackend final : public Backend {
   std::vector<DecodeTask> decode_tasks_;
   std::vector<PrefillTask> prefill_tasks_;
   // The tasks were built for (step, kv_heads, group, head block) and (step, heads).
-  int64_t step_ = 0, decode_key_[4] = {-1, 0, 0, 0}, prefill_key_[2] = {-1, 0};
+  int64_t step_ = 0, decode_key_[4] = {-1, 0, 0, 0}, prefill_key_[3] = {-1, 0, 0};
   // Split decode attention (tune_decode_split): tasks, work units, scratch.
   int64_t split_min_ctx_ = kDecodeSplitMinCtx, split_min_part_ = kDecodeSplitMinPart,
           split_plan_threads_ = 0;
