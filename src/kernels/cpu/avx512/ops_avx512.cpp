@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/avx512/avx512.h"
 #include "kernels/cpu/avx512/avx512_common.h"
@@ -228,6 +229,7 @@ namespace {
 // arithmetic is the one-query kernels' own, term for term (a padded zero is
 // what the masked BF16 load gives).
 constexpr int64_t kBlockFloats = 8192;  // 32 KB: one block stays in L1
+constexpr int64_t kScoreBlockFloats = 4096;
 
 inline int64_t padded_dim(int64_t hd) { return (hd + 15) / 16 * 16; }
 // Rows per block for a head of hd (a multiple of 16); 0: the head is too
@@ -453,38 +455,48 @@ void scores_quads_q64(const float* qp, const float* kq, int64_t n, float scale, 
 }
 
 // All m queries against quad-staged rows [0, n) (n a multiple of 16).
-void scores_quads(const float* q, int64_t ldq, int64_t m, const float* kq, int64_t n, int64_t hd,
-                  float scale, float* scores, int64_t lds) {
+// qp[4 * (i * hdp + d) + 16 * a + l] = q[i * ldq + d + 4 * a + l % 4] for
+// 16-lane chunks d of each query i < m (zero past hd): every 4-lane quarter
+// of a chunk broadcast to a whole vector, once per call.
+void broadcast_quarters(const float* q, int64_t ldq, int64_t m, int64_t hd, float* qp) {
   const int64_t hdp = padded_dim(hd);
-  alignas(64) float qp[4 * 4 * 512];
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t d = 0; d < hdp; d += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(mask16(hd - d), q + i * ldq + d);
+      float* o = qp + 4 * (i * hdp + d);
+      _mm512_store_ps(o, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(0, 0, 0, 0)));
+      _mm512_store_ps(o + 16, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 1, 1, 1)));
+      _mm512_store_ps(o + 32, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 2, 2, 2)));
+      _mm512_store_ps(o + 48, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 3, 3, 3)));
+    }
+}
+
+// All m queries (qp: broadcast_quarters) against quad-staged rows [0, n)
+// (n a multiple of 16).
+void scores_quads(const float* qp, int64_t m, const float* kq, int64_t n, int64_t hd, float scale,
+                  float* scores, int64_t lds) {
+  const int64_t hdp = padded_dim(hd);
   for (int64_t i0 = 0; i0 < m; i0 += 4) {
     const int64_t mm = std::min<int64_t>(4, m - i0);
-    for (int64_t i = 0; i < mm; ++i)
-      for (int64_t d = 0; d < hdp; d += 16) {
-        const __m512 v = _mm512_maskz_loadu_ps(mask16(hd - d), q + (i0 + i) * ldq + d);
-        float* o = qp + 4 * (i * hdp + d);
-        _mm512_store_ps(o, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(0, 0, 0, 0)));
-        _mm512_store_ps(o + 16, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 1, 1, 1)));
-        _mm512_store_ps(o + 32, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 2, 2, 2)));
-        _mm512_store_ps(o + 48, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 3, 3, 3)));
-      }
+    const float* qi = qp + 4 * i0 * hdp;
     float* s = scores + i0 * lds;
     if (hdp == 64) {
-      for (int64_t i = 0; i < mm; ++i) scores_quads_q64<2>(qp + 4 * i * hdp, kq, n, scale, s + i * lds);
+      for (int64_t i = 0; i < mm; ++i)
+        scores_quads_q64<2>(qi + 4 * i * hdp, kq, n, scale, s + i * lds);
       continue;
     }
     switch (mm) {
       case 4:
-        scores_quads_pass<4, 1>(qp, hdp, kq, n, scale, s, lds);
+        scores_quads_pass<4, 1>(qi, hdp, kq, n, scale, s, lds);
         break;
       case 3:
-        scores_quads_pass<3, 1>(qp, hdp, kq, n, scale, s, lds);
+        scores_quads_pass<3, 1>(qi, hdp, kq, n, scale, s, lds);
         break;
       case 2:
-        scores_quads_pass<2, 2>(qp, hdp, kq, n, scale, s, lds);
+        scores_quads_pass<2, 2>(qi, hdp, kq, n, scale, s, lds);
         break;
       default:
-        scores_quads_pass<1, 2>(qp, hdp, kq, n, scale, s, lds);
+        scores_quads_pass<1, 2>(qi, hdp, kq, n, scale, s, lds);
         break;
     }
   }
@@ -573,11 +585,19 @@ void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k
   if (rows == 0) {
     scores_multi_rows(q, ldq, m, k, ldk, n16, head_dim, scale, scores, lds);
   } else {
-    alignas(64) float kb[kBlockFloats];
-    for (int64_t t0 = 0; t0 < n16; t0 += rows) {
-      const int64_t nb = std::min(rows, n16 - t0);
+    // Smaller blocks than the weighted sums': the rows of a block are read
+    // once per query, with the broadcast queries beside them in L1.
+    alignas(64) float kb[kBlockFloats];  // srows <= block_rows: 16 rows of up to 512
+    const int64_t srows = std::max<int64_t>(16, kScoreBlockFloats / padded_dim(head_dim) / 16 * 16);
+    thread_local std::vector<float> qbuf;
+    const size_t qfloats = size_t(4 * m * padded_dim(head_dim));
+    if (qbuf.size() < qfloats + 16) qbuf.resize(qfloats + 16);
+    float* qp = qbuf.data() + (16 - (reinterpret_cast<uintptr_t>(qbuf.data()) / 4) % 16) % 16;
+    broadcast_quarters(q, ldq, m, head_dim, qp);
+    for (int64_t t0 = 0; t0 < n16; t0 += srows) {
+      const int64_t nb = std::min(srows, n16 - t0);
       widen_quads(k + t0 * ldk, ldk, nb, head_dim, kb);
-      scores_quads(q, ldq, m, kb, nb, head_dim, scale, scores + t0, lds);
+      scores_quads(qp, m, kb, nb, head_dim, scale, scores + t0, lds);
     }
   }
   // The tail (fewer than 16 rows): attn_scores' own paths, per query.
