@@ -414,12 +414,13 @@ void bm_paged_attn(benchmark::State& state, const KernelTable* T, kvant::KvDType
 }
 
 // Prefill attention at depth (head 64 as SmolLM2-135M, or 128): one task of
-// the CPU backend, 16 consecutive queries at positions ctx-16 .. ctx-1 of one
-// head against ctx BF16 rows: scores, softmax, weighted sum, as
-// attention_prefill runs them. One thread; GFLOPS counts 4 * hd FLOPs per
-// (query, row) pair.
-void bm_prefill_attn(benchmark::State& state, const KernelTable* T, int64_t ctx, int64_t kHd) {
-  constexpr int64_t kM = 16;
+// the CPU backend, kM queries against ctx BF16 rows: 16 consecutive tokens
+// at positions ctx-16 .. ctx-1 of one head (kM 16), or of the 3 heads that
+// share a KV head (kM 48, SmolLM2's group: one task since the group change),
+// scores, softmax, weighted sum, as attention_prefill runs them. One thread;
+// GFLOPS counts 4 * hd FLOPs per (query, row) pair.
+void bm_prefill_attn(benchmark::State& state, const KernelTable* T, int64_t ctx, int64_t kHd,
+                     int64_t kM) {
   std::vector<uint16_t> k(size_t(ctx * kHd)), v(k.size());
   fill_bf16(k.data(), int64_t(k.size()), 4);
   fill_bf16(v.data(), int64_t(v.size()), 5);
@@ -427,25 +428,25 @@ void bm_prefill_attn(benchmark::State& state, const KernelTable* T, int64_t ctx,
   uint64_t seed = 3;
   for (float& x : q) x = float(int64_t(next(seed) % 2001) - 1000) * 1e-3f;
   std::vector<float> sc(size_t(kM * ctx)), out(size_t(kM * kHd));
-  int64_t ns[kM];
-  for (int64_t i = 0; i < kM; ++i) ns[i] = ctx - kM + 1 + i;
+  std::vector<int64_t> ns(static_cast<size_t>(kM));
+  for (int64_t i = 0; i < kM; ++i) ns[size_t(i)] = ctx - 15 + i % 16;
   const float scale = 1.f / std::sqrt(float(kHd));
   for (auto _ : state) {
     if (T->attn_scores_multi) {
       T->attn_scores_multi(q.data(), kHd, kM, k.data(), kHd, ctx, kHd, scale, sc.data(), ctx);
-      for (int64_t i = 0; i < kM; ++i) T->softmax(sc.data() + i * ctx, ns[i]);
-      T->attn_weighted_sum_multi(sc.data(), ctx, ns, kM, v.data(), kHd, kHd, out.data(), kHd);
+      for (int64_t i = 0; i < kM; ++i) T->softmax(sc.data() + i * ctx, ns[size_t(i)]);
+      T->attn_weighted_sum_multi(sc.data(), ctx, ns.data(), kM, v.data(), kHd, kHd, out.data(), kHd);
     } else {
       for (int64_t i = 0; i < kM; ++i) {
-        T->attn_scores(q.data() + i * kHd, k.data(), kHd, ns[i], kHd, scale, sc.data());
-        T->softmax(sc.data(), ns[i]);
-        T->attn_weighted_sum(sc.data(), v.data(), kHd, ns[i], kHd, out.data() + i * kHd);
+        T->attn_scores(q.data() + i * kHd, k.data(), kHd, ns[size_t(i)], kHd, scale, sc.data());
+        T->softmax(sc.data(), ns[size_t(i)]);
+        T->attn_weighted_sum(sc.data(), v.data(), kHd, ns[size_t(i)], kHd, out.data() + i * kHd);
       }
     }
     benchmark::DoNotOptimize(out.data());
   }
   double pairs = 0;
-  for (int64_t i = 0; i < kM; ++i) pairs += double(ns[i]);
+  for (int64_t i = 0; i < kM; ++i) pairs += double(ns[size_t(i)]);
   state.counters["GFLOPS"] = benchmark::Counter(1e-9 * 4.0 * kHd * pairs * double(state.iterations()),
                                                 benchmark::Counter::kIsRate);
 }
@@ -506,17 +507,20 @@ void register_all() {
                 ->UseRealTime()
                 ->Unit(benchmark::kMicrosecond);
           }
-  // Head size 64 (SmolLM2) unnamed, 128 (Llama 3, Qwen3) as hd128.
+  // Head size 64 (SmolLM2) unnamed, 128 (Llama 3, Qwen3) as hd128; 16
+  // queries unnamed, a group of 3 heads' 48 as q48.
   for (const KernelTable* t : tables)
     for (int64_t hd : {64, 128})
-      for (int64_t ctx : {512, 4096, 16384}) {
-        const std::string name = std::string("prefill_attn/") + kvant::kernels::isa_name(t->isa) +
-                                 (hd == 64 ? "" : "/hd" + std::to_string(hd)) + "/ctx" +
-                                 std::to_string(ctx);
-        benchmark::RegisterBenchmark(name.c_str(), bm_prefill_attn, t, ctx, hd)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
+      for (int64_t ctx : {512, 4096, 16384})
+        for (int64_t m : {16, 48}) {
+          const std::string name =
+              std::string("prefill_attn/") + kvant::kernels::isa_name(t->isa) +
+              (hd == 64 ? "" : "/hd" + std::to_string(hd)) + "/ctx" + std::to_string(ctx) +
+              (m == 16 ? "" : "/q" + std::to_string(m));
+          benchmark::RegisterBenchmark(name.c_str(), bm_prefill_attn, t, ctx, hd, m)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
   // INT4 weights: every gemm_q4 this CPU runs, at g128 (and g32 for decode).
   kvant::kernels::Q4Variant variants[8];
   const int nv = kvant::kernels::q4_variants(variants, 8);
