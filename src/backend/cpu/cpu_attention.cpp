@@ -412,9 +412,9 @@ void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
       for (int64_t j = 0; j < ns[i]; ++j)
         if (!keep[j]) row[j] = -INFINITY;
     };
-    if (task.nh > 1 && same_start) {
+    if (task.n * task.nh > 1 && same_start && K_.attn_scores_multi && K_.attn_weighted_sum_multi) {
       // Query (head hl, token i) is row hl * n + i of contiguous copies; each
-      // result is its one-query value (the multi kernels' contract), as per head.
+      // result is its one-query value (the multi kernels' contract).
       const int64_t n = task.n, m = task.nh * n, row0 = g0 + j0s[0], n_max = ns[n - 1];
       thread_local std::vector<float> qb, ob;
       thread_local std::vector<int64_t> nb;
@@ -441,31 +441,17 @@ void CpuBackend::attention_prefill(const StepPlan& plan, const PrefillAttn& a) {
                       ob.data() + (hl * n + i) * a.v_dim, size_t(a.v_dim) * 4);
       continue;
     }
-    for (int64_t hh = h; hh < h + task.nh; ++hh) {
-      const float* q0 = a.q.row(task.t) + hh * a.q_head_stride;
-      float* o0 = a.out.row(task.t) + hh * a.v_dim;
-      if (task.n > 1 && same_start && K_.attn_scores_multi && K_.attn_weighted_sum_multi) {
-        const int64_t row0 = g0 + j0s[0];
-        const int64_t n_max = ns[task.n - 1];  // consecutive tokens: the last sees the most rows
-        K_.attn_scores_multi(q0, a.q.ld, task.n, kbase + row0 * a.k.ld, a.k.ld, n_max, a.head_dim,
-                             a.scale, sc, n_max);
-        for (int64_t i = 0; i < task.n; ++i) {
-          adjust(i, sc + i * n_max);
-          K_.softmax(sc + i * n_max, ns[i]);
-        }
-        K_.attn_weighted_sum_multi(sc, n_max, ns, task.n, vbase + row0 * a.v.ld, a.v.ld, a.v_dim,
-                                   o0, a.out.ld);
-        continue;
-      }
+    // One query at a time (a sliding window gives each token its own first row).
+    for (int64_t hh = h; hh < h + task.nh; ++hh)
       for (int64_t i = 0; i < task.n; ++i) {
         const int64_t row0 = g0 + j0s[i];
-        K_.attn_scores(q0 + i * a.q.ld, kbase + row0 * a.k.ld, a.k.ld, ns[i], a.head_dim, a.scale,
-                       sc);
+        K_.attn_scores(a.q.row(task.t + i) + hh * a.q_head_stride, kbase + row0 * a.k.ld, a.k.ld,
+                       ns[i], a.head_dim, a.scale, sc);
         adjust(i, sc);
         K_.softmax(sc, ns[i]);
-        K_.attn_weighted_sum(sc, vbase + row0 * a.v.ld, a.v.ld, ns[i], a.v_dim, o0 + i * a.out.ld);
+        K_.attn_weighted_sum(sc, vbase + row0 * a.v.ld, a.v.ld, ns[i], a.v_dim,
+                             a.out.row(task.t + i) + hh * a.v_dim);
       }
-    }
   }
 }
 

@@ -91,8 +91,9 @@ class CpuBackend final : public Backend {
                   int64_t head_dim, int64_t topk, int32_t* sel, uint8_t* sparse) override;
 
  private:
-  // Prefill attention takes this many consecutive tokens of one head per
-  // task, so each K and V row is read once for all of them (attn_*_multi).
+  // Prefill attention takes this many consecutive tokens of one head (or of
+  // a KV head's query group, kGroupScoreBytes) per task, so each K and V row
+  // is read once for all of them (attn_*_multi).
   static constexpr int64_t kPrefillQueries = 16;
   // Per-thread score bytes up to which a KV head's query heads share a prefill task.
   static constexpr int64_t kGroupScoreBytes = int64_t(32) << 20;

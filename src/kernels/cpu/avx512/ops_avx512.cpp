@@ -245,16 +245,13 @@ void widen_rows(const uint16_t* x, int64_t ld, int64_t n, int64_t hd, float* out
       _mm512_store_ps(out + t * hdp + d, maskz_load_bf16(mask16(hd - d), x + t * ld + d));
 }
 
-inline __m512 load_row(__mmask16 m, const uint16_t* r) { return maskz_load_bf16(m, r); }
-inline __m512 load_row(__mmask16, const float* r) { return _mm512_load_ps(r); }
-
-// Scores of M (up to four) queries against rows [0, n), n a multiple of 16,
-// row t at k + t * ldk (BF16 rows, or widened FP32 ones): the rows of a pair
-// are loaded once and feed every query's own accumulators; each query's sums
-// follow attn_scores exactly (same chunk order, same tree), so results are
-// bitwise its one-query values.
-template <int M, typename Row>
-void scores_multi_pass(const float* q, int64_t ldq, const Row* k, int64_t ldk, int64_t n,
+// Scores of M (up to four) queries against BF16 rows [0, n), n a multiple
+// of 16, row t at k + t * ldk (heads too wide for the staging buffer): the
+// rows of a pair are loaded once and feed every query's own accumulators;
+// each query's sums follow attn_scores exactly (same chunk order, same
+// tree), so results are bitwise its one-query values.
+template <int M>
+void scores_multi_pass(const float* q, int64_t ldq, const uint16_t* k, int64_t ldk, int64_t n,
                        int64_t hd, float scale, float* scores, int64_t lds) {
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const __m512 sc = _mm512_set1_ps(scale);
@@ -265,11 +262,11 @@ void scores_multi_pass(const float* q, int64_t ldq, const Row* k, int64_t ldk, i
       __m512 acc0[M], acc1[M];
 #pragma GCC unroll 4
       for (int i = 0; i < M; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
-      const Row* r0 = k + (t + 2 * pr) * ldk;
-      const Row* r1 = r0 + ldk;
+      const uint16_t* r0 = k + (t + 2 * pr) * ldk;
+      const uint16_t* r1 = r0 + ldk;
       for (int64_t d = 0; d < hd; d += 16) {
         const __mmask16 m = mask16(hd - d);
-        const __m512 k0 = load_row(m, r0 + d), k1 = load_row(m, r1 + d);
+        const __m512 k0 = maskz_load_bf16(m, r0 + d), k1 = maskz_load_bf16(m, r1 + d);
 #pragma GCC unroll 4
         for (int i = 0; i < M; ++i) {
           const __m512 qv = _mm512_maskz_loadu_ps(m, q + i * ldq + d);
@@ -303,9 +300,8 @@ void scores_multi_pass(const float* q, int64_t ldq, const Row* k, int64_t ldk, i
   }
 }
 
-// All m queries against rows [0, n) (n a multiple of 16), four at a time.
-template <typename Row>
-void scores_multi_rows(const float* q, int64_t ldq, int64_t m, const Row* k, int64_t ldk, int64_t n,
+// All m queries against BF16 rows [0, n) (n a multiple of 16), four at a time.
+void scores_multi_rows(const float* q, int64_t ldq, int64_t m, const uint16_t* k, int64_t ldk, int64_t n,
                        int64_t hd, float scale, float* scores, int64_t lds) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4)
