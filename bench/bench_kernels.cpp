@@ -210,10 +210,10 @@ const F8Set& f8_weights(int64_t n, int64_t k) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t g = 0; g < groups; ++g) sc[size_t(r * groups + g)] = float((r / 128 + g) % 7 + 1) * 1e-4f;
   const int64_t panels = kvant::kernels::q4_panels(n);
-  const int64_t bytes = kvant::kernels::f8_packed_bytes(n, k) + panels * groups * 64;
+  const int64_t bytes = kvant::kernels::f8_packed_bytes(n, k, 128) + panels * groups * 64;
   const int64_t copies = std::max<int64_t>(1, (kColdBytes + bytes - 1) / bytes);
   for (int64_t c = 0; c < copies; ++c) {
-    fs.w.emplace_back(size_t(kvant::kernels::f8_packed_bytes(n, k)));
+    fs.w.emplace_back(size_t(kvant::kernels::f8_packed_bytes(n, k, 128)));
     fs.scales.emplace_back(size_t(panels * groups * 16));
     kvant::kernels::pack_f8(codes.data(), sc.data(), n, k, 128, fs.w[c].data(), fs.scales[c].data());
   }

@@ -7,6 +7,7 @@
 // codes and the packer's inverse are checked for every ISA.
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "kernels/cpu/ref/ref.h"
 #include "kernels_test_util.h"
@@ -36,7 +37,7 @@ F8Problem make_f8(int64_t m, int64_t n, int64_t k, int64_t group, uint32_t seed,
   }
   const int64_t ng = f8_groups(k, group);
   p.scale = random_f32(size_t(n * ng), 0.001f, 0.01f, seed + 3);
-  p.wp.assign(size_t(f8_packed_bytes(n, k)), 0xaa);
+  p.wp.assign(size_t(f8_packed_bytes(n, k, group)), 0xaa);
   p.sp.assign(size_t(q4_panels(n) * ng * 16), -1.f);
   const bool saw_nan = pack_f8(p.codes.data(), p.scale.data(), n, k, group, p.wp.data(), p.sp.data());
   p.W = {p.wp.data(), p.sp.data(), n, k, group, saw_nan};
@@ -56,14 +57,15 @@ std::vector<float> run(decltype(KernelTable::gemm_f8) f, const F8Problem& p, int
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
 void check_matches_reference(decltype(KernelTable::gemm_f8) f) {
-  const int64_t ks[] = {2, 16, 34, 128, 130, 256, 300, 512, 1030};
+  const int64_t ks[] = {2, 16, 34, 37, 128, 130, 256, 300, 512, 1030};
   const int64_t ms[] = {1, 2, 3, 5, 8, 9, 12, 13, 31};
   const int64_t ns[] = {1, 5, 16, 17, 33, 130, 300};
   uint32_t seed = 1;
   for (int64_t k : ks)
     for (int64_t m : ms) {
-      const int64_t groups[] = {128, 64, 32, 256, k};
-      const int64_t group = groups[seed % 5], n = ns[seed % 7];
+      // Groups that are not whole quads (6, 2, 10) pad to whole quads.
+      const int64_t groups[] = {128, 64, 32, 256, k, 6, 2, 10};
+      const int64_t group = k % 2 ? k : groups[seed % 8], n = ns[(seed / 3) % 7];
       F8Problem p = make_f8(m, n, k, group, seed++, false);
       const int64_t n0 = seed % 3 == 0 ? 0 : int64_t(seed % uint32_t(n)) / 16 * 16, n1 = n;
       const int64_t ldy = n + 3;
@@ -83,6 +85,43 @@ void check_matches_reference(decltype(KernelTable::gemm_f8) f) {
     }
 }
 
+// The kernel's whole product against the reference's: the same bits, or
+// NaN on both sides (NaN payloads may differ).
+void expect_reference(decltype(KernelTable::gemm_f8) f, const F8Problem& p, const std::string& what) {
+  const int64_t ldy = p.n + 3;
+  auto ref = run(ref::gemm_f8, p, 0, p.m, 0, p.n), y = run(f, p, 0, p.m, 0, p.n);
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) {
+      const float got = y[size_t(i * ldy + j)], want = ref[size_t(i * ldy + j)];
+      ASSERT_TRUE(same_bits(got, want) || (std::isnan(got) && std::isnan(want)))
+          << what << " row " << i << " col " << j << " got " << got << " want " << want;
+    }
+}
+
+// Rows whose largest |x| is 2^6 or more take x * 2^K with K < 120
+// (kernels.h): still the reference's bits while no product underflows
+// and no sum overflows. Row i is x * 2^shift[i].
+void check_large_rows(decltype(KernelTable::gemm_f8) f) {
+  for (int64_t group : {128, 6, 300}) {
+    F8Problem p = make_f8(7, 50, 300, group, 77, false);
+    const int shifts[] = {0, 6, 7, 20, 60, 100, 110};
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t c = 0; c < p.k; ++c) {
+        uint16_t& b = p.x[size_t(i * p.ldx + c)];
+        if ((b & 0x7f80) != 0) b = uint16_t(b + (shifts[i] << 7));  // x * 2^shift
+      }
+    expect_reference(f, p, "group=" + std::to_string(group));
+  }
+}
+
+// Inf and NaN activations give what the reference gives (Inf or NaN).
+void check_nonfinite_rows(decltype(KernelTable::gemm_f8) f) {
+  F8Problem p = make_f8(3, 20, 64, 32, 5, false);
+  p.x[size_t(0 * p.ldx + 5)] = 0x7f80;   // +Inf
+  p.x[size_t(1 * p.ldx + 40)] = 0x7fc0;  // NaN
+  expect_reference(f, p, "inf/nan x");
+}
+
 void check_batch_invariance(decltype(KernelTable::gemm_f8) f) {
   F8Problem p = make_f8(29, 70, 384, 128, 42, false);
   const int64_t ldy = p.n + 3;
@@ -100,6 +139,10 @@ void check_batch_invariance(decltype(KernelTable::gemm_f8) f) {
 }
 
 TEST_P(KernelF8Test, MatchesReference) { check_matches_reference(T().gemm_f8); }
+
+TEST_P(KernelF8Test, LargeActivationRowsMatchReference) { check_large_rows(T().gemm_f8); }
+
+TEST_P(KernelF8Test, InfAndNanActivationsAsReference) { check_nonfinite_rows(T().gemm_f8); }
 
 TEST_P(KernelF8Test, BatchInvariantAcrossRowsAndColumnSplits) { check_batch_invariance(T().gemm_f8); }
 

@@ -66,7 +66,7 @@ F8Matrix CpuBackend::prepare_fp8(const uint8_t* codes, const float* scale, int64
   m.rows = rows;
   m.cols = cols;
   m.group = group;
-  m.w = AlignedBuffer<uint8_t>(size_t(kernels::f8_packed_bytes(rows, cols)));
+  m.w = AlignedBuffer<uint8_t>(size_t(kernels::f8_packed_bytes(rows, cols, group)));
   m.scales = AlignedBuffer<float>(size_t(kernels::q4_panels(rows) * kernels::f8_groups(cols, group) * 16));
   m.nan_codes = kernels::pack_f8(codes, scale, rows, cols, group, m.w.data(), m.scales.data());
   return m;

@@ -2,26 +2,31 @@
 // gemm_tiling.h it holds no intrinsics: each ISA folder includes it with a
 // traits class and compiles it with its own flags; internal linkage only.
 //
-// Units of kU output rows (16 rows in two vectors for AVX-512, 4 rows in
-// one for AVX2; a P16 panel holds 16 / kU units). For each block of
+// x's rows are first widened to FP32 and scaled by 2^K per row (kernels.h,
+// gemm_f8), in a per-thread buffer laid out as the packed groups (each group
+// padded to whole quads with zeros), so a column's x is one broadcast load.
+// Units of kU output rows (16 rows, a whole F8 Q16 panel, for AVX-512; 8
+// rows, half a panel, for AVX2), one row per lane. For each block of
 // kBlockRows output rows, for each strip of x rows, the micro-kernel sweeps
-// the block's units NU at a time: per scale group it decodes each unit's
-// codes of a column pair once, feeds all MR rows of x, and at the group's
-// end folds the sums into y with one FMA per element, y = fma(acc, s, y)
-// (y = fma(acc, s, 0) for the first group). A pair's codes are decoded once
-// per strip, so prefill pays the decoding once per MR rows.
+// the block's units NU at a time: per scale group it loads each unit's word
+// of a column quad once, decodes the quad's four codes into four vectors,
+// feeds them to all MR rows of x (columns 0 and 2 into the even sums, 1 and
+// 3 into the odd ones) and at the group's end folds each row's e + o into y
+// (kept in registers across the groups when MR is 1).
 //
-// Traits T supply: kU, kBlockRows (multiple of 16), Acc, WV (a unit's decoded
-// pair), XV (a broadcast x pair); zero() -> Acc; xv(uint32_t bits of
-// (x[2q], x[2q+1])) -> XV; decode<kNan>(const uint8_t* unit's 2*kU codes) ->
-// WV; dot(Acc, XV, WV) -> Acc (lane-wise acc + x * w, exact products);
-// finish(Acc, const float* scales of the unit, float* y row, jbase, jlo, jhi,
-// bool first); and strip<kNan>(rows, ...) choosing tile shapes (below).
+// Traits T supply: kU, kBlockRows (multiple of 16), V (FP32 vector), R (a
+// unit's raw quad word vector); zero() -> V; bcast(const float*) -> V;
+// load(const uint8_t*) -> R; decode<t, kNan>(R) -> V (code t of each lane's
+// word as e4m3 * 2^-120); fma(V acc, V x, V w) -> V; fold(V e, V o, float
+// unscale, const float* scales of the unit, V y) -> fma((e + o) * unscale,
+// s, y); load_y / store_y(y row, jbase, jlo, jhi), the unit's lanes in
+// [jlo, jhi) only; and strip<kNan>(rows, ...) choosing tile shapes (below).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/gemm_tiling.h"
 #include "kernels/cpu/kernels.h"
@@ -29,80 +34,160 @@
 namespace kvant::kernels {
 namespace {
 
-inline uint32_t x_pair(const uint16_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
+// x rows in FP32, scaled, in the packed groups' column order.
+struct F8Rows {
+  const float* x = nullptr;       // rows of ld floats
+  const float* unscale = nullptr;  // per row: 2^(120 - K)
+  int64_t ld = 0;
+};
+
+inline F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
+  thread_local std::vector<float> buf, unscale;
+  const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
+  const int64_t ld = ng * gq * 4, span = std::min(W.group, W.k);
+  if (int64_t(buf.size()) < m * ld) buf.resize(size_t(m * ld));
+  if (int64_t(unscale.size()) < m) unscale.resize(size_t(m));
+  for (int64_t i = 0; i < m; ++i) {
+    const uint16_t* xi = x + i * ldx;
+    uint16_t top = 0;
+    for (int64_t c = 0; c < W.k; ++c) top = std::max<uint16_t>(top, uint16_t(xi[c] & 0x7fff));
+    // E = exponent of the largest |x| (its biased field - 127); K = min(120,
+    // 125 - E) keeps |x| * 2^K below 2^126. Inf / NaN rows get K = -3.
+    const int e = int(top >> 7) - 127;
+    const int K = std::min(120, 125 - e);
+    uint32_t sb = uint32_t(127 + K) << 23, ub = uint32_t(127 + 120 - K) << 23;
+    float s, u;
+    std::memcpy(&s, &sb, 4);
+    std::memcpy(&u, &ub, 4);
+    unscale[size_t(i)] = u;
+    float* d = buf.data() + i * ld;
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t c0 = g * W.group, len = std::min(span, W.k - c0);
+      float* dg = d + g * gq * 4;
+      for (int64_t c = 0; c < len; ++c) {
+        const uint32_t b = uint32_t(xi[c0 + c]) << 16;
+        float v;
+        std::memcpy(&v, &b, 4);
+        dg[c] = v * s;
+      }
+      for (int64_t c = len; c < gq * 4; ++c) dg[c] = 0.f;
+    }
+  }
+  return {buf.data(), unscale.data(), ld};
 }
 
 template <class T, int MR, int NU, bool kNan>
-void f8_tile(int rows, const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t u0, float* y,
-             int64_t ldy, int64_t jlo, int64_t jhi) {
+void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* y, int64_t ldy,
+             int64_t jlo, int64_t jhi) {
+  using V = typename T::V;
+  using R = typename T::R;
   constexpr int64_t kPer = 16 / T::kU;
-  const int64_t kp = W.k / 2, ng = f8_groups(W.k, W.group);
-  const int64_t gp = W.group >= W.k ? kp : W.group / 2;
+  const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
   const uint8_t* wu[NU];
   const float* su[NU];
   int64_t ju[NU];
 #pragma GCC unroll 8
   for (int u = 0; u < NU; ++u) {
     const int64_t p = (u0 + u) / kPer, h = (u0 + u) % kPer;
-    wu[u] = W.w + p * kp * 32 + h * 2 * T::kU;
+    wu[u] = W.w + p * ng * gq * 64 + h * 4 * T::kU;
     su[u] = W.scales + p * ng * 16 + h * T::kU;
     ju[u] = p * 16 + h * T::kU;
   }
-  const uint16_t* xr[MR];
-#pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) xr[r] = x + std::min(r, rows - 1) * ldx;
+  const float* xr[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) xr[r] = xs.x + std::min(r, rows - 1) * xs.ld;
+  // One row: its outputs stay in registers across the groups.
+  [[maybe_unused]] V out[NU];
+  if constexpr (MR == 1)
+#pragma GCC unroll 8
+    for (int u = 0; u < NU; ++u) out[u] = T::zero();
   for (int64_t g = 0; g < ng; ++g) {
-    typename T::Acc acc[MR][NU];
-#pragma GCC unroll 12
+    V e[MR][NU], o[MR][NU];
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-      for (int u = 0; u < NU; ++u) acc[r][u] = T::zero();
-    const int64_t q1 = std::min(kp, (g + 1) * gp);
-    for (int64_t q = g * gp; q < q1; ++q) {
-      typename T::WV wv[NU];
+      for (int u = 0; u < NU; ++u) e[r][u] = o[r][u] = T::zero();
+    for (int64_t q = g * gq; q < (g + 1) * gq; ++q) {
+      if constexpr (MR == 1) {
+        // Its four x broadcast once, each unit decoded just before its FMAs.
+        const V x0 = T::bcast(xr[0] + 4 * q), x1 = T::bcast(xr[0] + 4 * q + 1);
+        const V x2 = T::bcast(xr[0] + 4 * q + 2), x3 = T::bcast(xr[0] + 4 * q + 3);
 #pragma GCC unroll 8
-      for (int u = 0; u < NU; ++u) wv[u] = T::template decode<kNan>(wu[u] + q * 32);
-#pragma GCC unroll 12
-      for (int r = 0; r < MR; ++r) {
-        const typename T::XV xv = T::xv(x_pair(xr[r] + 2 * q));
+        for (int u = 0; u < NU; ++u) {
+          const R d = T::load(wu[u] + q * 64);
+          e[0][u] = T::fma(e[0][u], x0, T::template decode<0, kNan>(d));
+          o[0][u] = T::fma(o[0][u], x1, T::template decode<1, kNan>(d));
+          e[0][u] = T::fma(e[0][u], x2, T::template decode<2, kNan>(d));
+          o[0][u] = T::fma(o[0][u], x3, T::template decode<3, kNan>(d));
+        }
+      } else {
+        R d[NU];
 #pragma GCC unroll 8
-        for (int u = 0; u < NU; ++u) acc[r][u] = T::dot(acc[r][u], xv, wv[u]);
+        for (int u = 0; u < NU; ++u) d[u] = T::load(wu[u] + q * 64);
+        auto column = [&]<int t>() {
+          V w[NU];
+#pragma GCC unroll 8
+          for (int u = 0; u < NU; ++u) w[u] = T::template decode<t, kNan>(d[u]);
+#pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            const V xv = T::bcast(xr[r] + 4 * q + t);
+#pragma GCC unroll 8
+            for (int u = 0; u < NU; ++u) {
+              if constexpr (t % 2 == 0)
+                e[r][u] = T::fma(e[r][u], xv, w[u]);
+              else
+                o[r][u] = T::fma(o[r][u], xv, w[u]);
+            }
+          }
+        };
+        column.template operator()<0>();
+        column.template operator()<1>();
+        column.template operator()<2>();
+        column.template operator()<3>();
       }
     }
-#pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r)
-      if (r < rows)
+    if constexpr (MR == 1) {
 #pragma GCC unroll 8
-        for (int u = 0; u < NU; ++u)
-          T::finish(acc[r][u], su[u] + g * 16, y + r * ldy, ju[u], jlo, jhi, g == 0);
+      for (int u = 0; u < NU; ++u)
+        out[u] = T::fold(e[0][u], o[0][u], xs.unscale[0], su[u] + g * 16, out[u]);
+    } else {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+        if (r < rows)
+#pragma GCC unroll 8
+          for (int u = 0; u < NU; ++u) {
+            const V prev = g == 0 ? T::zero() : T::load_y(y + r * ldy, ju[u], jlo, jhi);
+            T::store_y(T::fold(e[r][u], o[r][u], xs.unscale[r], su[u] + g * 16, prev),
+                       y + r * ldy, ju[u], jlo, jhi);
+          }
+    }
   }
+  if constexpr (MR == 1)
+#pragma GCC unroll 8
+    for (int u = 0; u < NU; ++u) T::store_y(out[u], y, ju[u], jlo, jhi);
 }
 
 // Units [u0, u1) NUMAX at a time, the last sweep narrower.
 template <class T, int MR, int NUMAX, bool kNan>
-void f8_sweep(int rows, const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t u0, int64_t u1,
-              float* y, int64_t ldy, int64_t jlo, int64_t jhi) {
+void f8_sweep(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, int64_t u1, float* y,
+              int64_t ldy, int64_t jlo, int64_t jhi) {
   for (int64_t u = u0; u < u1; u += NUMAX)
     with_panels<NUMAX>(int(std::min<int64_t>(NUMAX, u1 - u)), [&]<int NU>() {
-      f8_tile<T, MR, NU, kNan>(rows, x, ldx, W, u, y, ldy, jlo, jhi);
+      f8_tile<T, MR, NU, kNan>(rows, xs, W, u, y, ldy, jlo, jhi);
     });
 }
 
 template <class T, bool kNan>
-void f8_blocked(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y, int64_t ldy,
-                int64_t m, int64_t n0, int64_t n1) {
+void f8_blocked(const F8Rows& xs, const F8Weights& W, float* y, int64_t ldy, int64_t m, int64_t n0,
+                int64_t n1) {
   constexpr int64_t kBlockUnits = T::kBlockRows / T::kU;
   const int64_t ub = n0 / T::kU, ue = (n1 + T::kU - 1) / T::kU;
   for (int64_t u0 = ub; u0 < ue; u0 += kBlockUnits) {
     const int64_t u1 = std::min(ue, u0 + kBlockUnits);
     for (int64_t i0 = 0; i0 < m;) {
-      const int done = T::template strip<kNan>(int(std::min<int64_t>(m - i0, 1 << 20)),
-                                               x + i0 * ldx, ldx, W, u0, u1, y + i0 * ldy, ldy,
-                                               n0, n1);
-      i0 += done;
+      const F8Rows strip{xs.x + i0 * xs.ld, xs.unscale + i0, xs.ld};
+      i0 += T::template strip<kNan>(int(std::min<int64_t>(m - i0, 1 << 20)), strip, W, u0, u1,
+                                    y + i0 * ldy, ldy, n0, n1);
     }
   }
 }
@@ -111,10 +196,11 @@ template <class T>
 void gemm_f8_blocked(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y, int64_t ldy,
                      int64_t m, int64_t n0, int64_t n1) {
   if (m <= 0 || n1 <= n0 || W.k <= 0) return;
+  const F8Rows xs = f8_rows(x, ldx, W, m);
   if (W.nan_codes)
-    f8_blocked<T, true>(x, ldx, W, y, ldy, m, n0, n1);
+    f8_blocked<T, true>(xs, W, y, ldy, m, n0, n1);
   else
-    f8_blocked<T, false>(x, ldx, W, y, ldy, m, n0, n1);
+    f8_blocked<T, false>(xs, W, y, ldy, m, n0, n1);
 }
 
 }  // namespace

@@ -83,26 +83,35 @@ void pack_q4(const int8_t* q, const float* scale, const int8_t* zero, int64_t n,
 float q4_weight(const Q4Weights& W, int64_t row, int64_t col);
 
 
-// FP8 e4m3 weights for gemm_f8 ("F8 P16", built at load by pack_f8 from the
+// FP8 e4m3 weights for gemm_f8 ("F8 Q16", built at load by pack_f8 from the
 // checkpoint's codes and scales, or from codes quantized at load). W [n, k],
-// k even; logical weight w[j, c] = e4m3(code[j, c]) * s[j, c / group]: one
+// k >= 1; logical weight w[j, c] = e4m3(code[j, c]) * s[j, c / group]: one
 // FP32 scale per row and per group of `group` columns (the last group may be
 // shorter). A 128x128 block-scaled checkpoint gives every row of a 128-row
 // block the block's scale; per-channel and per-tensor scales are one group
 // of k columns. group is even and either at most kF8MaxGroup or >= k (one
-// group). Codes go in panels of 16 rows laid out as the BF16 "P16 pairs"
-// with one byte per element:
-//   wp[((p * kp) + q) * 32 + 2 * r + e] = code[16p + r, 2q + e],  kp = k / 2
-// zero bytes for rows past n. Scales: FP32 [panel][group][16], 0 past n.
+// group). Codes go in panels of 16 rows; inside a panel each group takes
+// gq = f8_group_quads(k, group) column quads (its columns, then zero codes
+// up to a whole quad), and one quad of one panel is 64 bytes, a 32-bit word
+// per row holding the row's four codes:
+//   wp[((p * ng + g) * gq + q) * 64 + 4 * r + t] = code[16p + r, g * group + 4q + t]
+// (ng = f8_groups(k, group); zero where the row is >= n or the column is
+// past its group or k). Scales: FP32 [panel][group][16], 0 past n.
 inline constexpr int64_t kF8MaxGroup = 256;
 struct F8Weights {
-  const uint8_t* w = nullptr;     // q4_panels(n) * k * 16 bytes
+  const uint8_t* w = nullptr;     // f8_packed_bytes(n, k, group) bytes
   const float* scales = nullptr;  // q4_panels(n) * f8_groups(k, group) * 16
   int64_t n = 0, k = 0, group = 0;
   bool nan_codes = false;  // some code is a NaN (0x7f / 0xff): kernels check for it
 };
 constexpr int64_t f8_groups(int64_t k, int64_t group) { return (k + group - 1) / group; }
-constexpr int64_t f8_packed_bytes(int64_t n, int64_t k) { return (n + 15) / 16 * 16 * k; }
+// Column quads per group: every group is padded to the same count.
+constexpr int64_t f8_group_quads(int64_t k, int64_t group) {
+  return ((group < k ? group : k) + 3) / 4;
+}
+constexpr int64_t f8_packed_bytes(int64_t n, int64_t k, int64_t group) {
+  return (n + 15) / 16 * f8_groups(k, group) * f8_group_quads(k, group) * 64;
+}
 
 // Packs FP8 codes [n, k] (row-major) with scales [n, f8_groups(k, group)]
 // into F8 P16 (load time; any ISA). Returns whether a NaN code was seen.
@@ -264,20 +273,24 @@ struct KernelTable {
   void (*gemm_q4)(const Q8Rows& x, const Q4Weights& w, float* y, int64_t ldy, int64_t m,
                   int64_t n0, int64_t n1) = nullptr;
 
-  // FP8 weights x BF16 activations (x as gemm_bf16 reads it, k even), for
+  // FP8 weights x BF16 activations (x as gemm_bf16 reads it), for
   // i in [0, m), j in [n0, n1), n0 a multiple of 16:
   //   y = 0; for each group g (in order): e = o = 0;
   //     for each column c of g (in order): (c even ? e : o) += x[i, c] * e4m3(code[j, c])
   //     y = fma(e + o, s[j, g], y)
   // Products are exact in FP32 (8-bit by 4-bit significands), so every ISA
-  // gives the reference bits (SIMD lanes hold a row's even and odd columns
-  // side by side, as the codes lie). Avx512Bf16 takes the Avx512 kernel:
-  // decoding to FP32 and FMAs beat VDPBF16PS here (it would need the codes
-  // narrowed to BF16 pairs too). Batch invariant. NaN codes decode to
-  // NaN (W.nan_codes must be set when any is present), subnormal codes exactly.
-  // SIMD ISAs decode a code c as the FP16 value with bits
-  // ((int8(c) << 7) & 0xbf80) = e4m3(c) * 2^-8 and fold 2^8 into the scale,
-  // which is exact unless an x * w product falls below 2^-126.
+  // gives the reference bits. Batch invariant. NaN codes decode to NaN
+  // (W.nan_codes must be set when any is present), subnormal codes exactly.
+  // SIMD ISAs hold a row per lane: a code c at byte t of its row's word
+  // becomes the FP32 with bits ((int32(word << (24 - 8t)) >> 4) & 0x87f00000),
+  // e4m3(c) * 2^-120 exactly (subnormal codes as FP32 subnormals), and x's
+  // row is taken as x * 2^K with K = min(120, 125 - E), E the exponent of
+  // the row's largest |x|, so each product is x * w * 2^(K - 120) and e + o
+  // is multiplied back by 2^(120 - K) (exact) before the scale's FMA: the
+  // reference bits unless a product or partial sum of the row is nonzero
+  // below 2^(-6 - K) in magnitude or overflows (for rows with max |x| < 64,
+  // K = 120 and the arithmetic is the reference's). Avx512Bf16 takes the
+  // Avx512 kernel (VDPBF16PS would need the codes widened to BF16 pairs).
   void (*gemm_f8)(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy,
                   int64_t m, int64_t n0, int64_t n1) = nullptr;
 
