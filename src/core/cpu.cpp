@@ -36,6 +36,7 @@ CpuFeatures probe() {
     f.avx512bw = b & (1u << 30);
     f.avx512vl = b & (1u << 31);
     f.avx512_vnni = c & (1u << 11);
+    f.avx512_vbmi = c & (1u << 1);
   }
   __cpuid_count(7, 1, a, b, c, d);
   f.avx_vnni = a & (1u << 4);
@@ -56,6 +57,7 @@ std::string CpuFeatures::describe() const {
   add(avx2, "avx2"); add(fma, "fma"); add(f16c, "f16c"); add(avx512f, "avx512f");
   add(avx512bw, "avx512bw"); add(avx512vl, "avx512vl"); add(avx512dq, "avx512dq");
   add(avx512_bf16, "avx512_bf16"); add(avx512_vnni, "avx512_vnni"); add(avx_vnni, "avx_vnni");
+  add(avx512_vbmi, "avx512_vbmi");
   return s.empty() ? "baseline" : s;
 }
 

@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool avx512_bf16 = false;
   bool avx512_vnni = false;
   bool avx_vnni = false;
+  bool avx512_vbmi = false;  // VPERMB / VPERMI2B
   bool has_avx2_set() const { return avx2 && fma && f16c; }
   bool has_avx512_set() const {
     return avx512f && avx512bw && avx512vl && avx512dq && avx512_bf16 && avx512_vnni;

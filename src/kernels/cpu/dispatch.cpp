@@ -99,6 +99,7 @@ KernelTable make(Isa isa) {
       t.gemm_bf16 = avx512bf16::gemm_bf16;
       t.gemm_bf16_packed = avx512bf16::gemm_bf16_packed;
       t.gemm_q4 = avx512vnni::gemm_q4;  // Avx512Bf16 implies VNNI
+      if (cpu_features().avx512_vbmi) t.gemm_f8 = avx512bf16::gemm_f8;
       t.peak_probe = avx512bf16::peak_probe;
       t.peak_flops_per_iter = avx512bf16::kPeakFlopsPerIter;
       break;

@@ -34,46 +34,75 @@
 namespace kvant::kernels {
 namespace {
 
-// x rows in FP32, scaled, in the packed groups' column order.
+// Units u0 .. u0 + NU - 1 of kU rows (16 / kU per F8 Q16 panel): where
+// their codes, scales and first output columns start.
+template <int NU>
+struct F8Units {
+  const uint8_t* w[NU];
+  const float* s[NU];
+  int64_t j[NU];
+  F8Units(const F8Weights& W, int64_t u0, int64_t kU) {
+    const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group), per = 16 / kU;
+#pragma GCC unroll 8
+    for (int u = 0; u < NU; ++u) {
+      const int64_t p = (u0 + u) / per, h = (u0 + u) % per;
+      w[u] = W.w + p * ng * gq * 64 + h * 4 * kU;
+      s[u] = W.scales + p * ng * 16 + h * kU;
+      j[u] = p * 16 + h * kU;
+    }
+  }
+};
+
+// x's rows in the packed groups' column order, each group padded to whole
+// quads with zeros, converted by cv(row i, BF16 bits) into buf (rows of
+// f8_padded_cols floats or BF16).
+inline int64_t f8_padded_cols(const F8Weights& W) {
+  return f8_groups(W.k, W.group) * f8_group_quads(W.k, W.group) * 4;
+}
+template <class E, class Cv>
+const E* f8_pad_rows(std::vector<E>& buf, const uint16_t* x, int64_t ldx, const F8Weights& W,
+                     int64_t m, Cv cv) {
+  const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
+  const int64_t ld = f8_padded_cols(W), span = std::min(W.group, W.k);
+  if (int64_t(buf.size()) < m * ld) buf.resize(size_t(m * ld));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t c0 = g * W.group, len = std::min(span, W.k - c0);
+      E* d = buf.data() + i * ld + g * gq * 4;
+      for (int64_t c = 0; c < len; ++c) d[c] = cv(i, x[i * ldx + c0 + c]);
+      for (int64_t c = len; c < gq * 4; ++c) d[c] = E(0);
+    }
+  return buf.data();
+}
+
+// x rows in FP32, scaled by 2^K per row (kernels.h, gemm_f8).
 struct F8Rows {
-  const float* x = nullptr;       // rows of ld floats
+  const float* x = nullptr;        // rows of ld floats
   const float* unscale = nullptr;  // per row: 2^(120 - K)
   int64_t ld = 0;
 };
 
 inline F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
-  thread_local std::vector<float> buf, unscale;
-  const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
-  const int64_t ld = ng * gq * 4, span = std::min(W.group, W.k);
-  if (int64_t(buf.size()) < m * ld) buf.resize(size_t(m * ld));
-  if (int64_t(unscale.size()) < m) unscale.resize(size_t(m));
+  thread_local std::vector<float> buf, unscale, scale;
+  if (int64_t(unscale.size()) < m) unscale.resize(size_t(m)), scale.resize(size_t(m));
   for (int64_t i = 0; i < m; ++i) {
     const uint16_t* xi = x + i * ldx;
     uint16_t top = 0;
     for (int64_t c = 0; c < W.k; ++c) top = std::max<uint16_t>(top, uint16_t(xi[c] & 0x7fff));
     // E = exponent of the largest |x| (its biased field - 127); K = min(120,
     // 125 - E) keeps |x| * 2^K below 2^126. Inf / NaN rows get K = -3.
-    const int e = int(top >> 7) - 127;
-    const int K = std::min(120, 125 - e);
-    uint32_t sb = uint32_t(127 + K) << 23, ub = uint32_t(127 + 120 - K) << 23;
-    float s, u;
-    std::memcpy(&s, &sb, 4);
-    std::memcpy(&u, &ub, 4);
-    unscale[size_t(i)] = u;
-    float* d = buf.data() + i * ld;
-    for (int64_t g = 0; g < ng; ++g) {
-      const int64_t c0 = g * W.group, len = std::min(span, W.k - c0);
-      float* dg = d + g * gq * 4;
-      for (int64_t c = 0; c < len; ++c) {
-        const uint32_t b = uint32_t(xi[c0 + c]) << 16;
-        float v;
-        std::memcpy(&v, &b, 4);
-        dg[c] = v * s;
-      }
-      for (int64_t c = len; c < gq * 4; ++c) dg[c] = 0.f;
-    }
+    const int K = std::min(120, 125 - (int(top >> 7) - 127));
+    const uint32_t sb = uint32_t(127 + K) << 23, ub = uint32_t(127 + 120 - K) << 23;
+    std::memcpy(&scale[size_t(i)], &sb, 4);
+    std::memcpy(&unscale[size_t(i)], &ub, 4);
   }
-  return {buf.data(), unscale.data(), ld};
+  const float* xs = f8_pad_rows(buf, x, ldx, W, m, [&](int64_t i, uint16_t b) {
+    const uint32_t bits = uint32_t(b) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v * scale[size_t(i)];
+  });
+  return {xs, unscale.data(), f8_padded_cols(W)};
 }
 
 template <class T, int MR, int NU, bool kNan>
@@ -81,18 +110,11 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
              int64_t jlo, int64_t jhi) {
   using V = typename T::V;
   using R = typename T::R;
-  constexpr int64_t kPer = 16 / T::kU;
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
-  const uint8_t* wu[NU];
-  const float* su[NU];
-  int64_t ju[NU];
-#pragma GCC unroll 8
-  for (int u = 0; u < NU; ++u) {
-    const int64_t p = (u0 + u) / kPer, h = (u0 + u) % kPer;
-    wu[u] = W.w + p * ng * gq * 64 + h * 4 * T::kU;
-    su[u] = W.scales + p * ng * 16 + h * T::kU;
-    ju[u] = p * 16 + h * T::kU;
-  }
+  const F8Units<NU> units(W, u0, T::kU);
+  const uint8_t* const* wu = units.w;
+  const float* const* su = units.s;
+  const int64_t* ju = units.j;
   const float* xr[MR];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) xr[r] = xs.x + std::min(r, rows - 1) * xs.ld;

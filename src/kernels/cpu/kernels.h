@@ -289,8 +289,13 @@ struct KernelTable {
   // is multiplied back by 2^(120 - K) (exact) before the scale's FMA: the
   // reference bits unless a product or partial sum of the row is nonzero
   // below 2^(-6 - K) in magnitude or overflows (for rows with max |x| < 64,
-  // K = 120 and the arithmetic is the reference's). Avx512Bf16 takes the
-  // Avx512 kernel (VDPBF16PS would need the codes widened to BF16 pairs).
+  // K = 120 and the arithmetic is the reference's). Avx512Bf16 on a CPU
+  // with AVX512_VBMI instead looks the codes up as BF16 (VPERMI2B) and sums
+  // BF16 pairs with VDPBF16PS (avx512bf16/gemm_f8_dpbf16.h): per row, two
+  // lanes of pair sums (columns 4q, 4q+1 and 4q+2, 4q+3 of each quad, odd
+  // column first, denormals flushed) added at each group's end, so within
+  // the bound of two summation orders of the reference's terms, still batch
+  // invariant; without VBMI it takes the Avx512 kernel.
   void (*gemm_f8)(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy,
                   int64_t m, int64_t n0, int64_t n1) = nullptr;
 

@@ -4,12 +4,17 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/kernels.h"
+
 namespace kvant::kernels::avx512bf16 {
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, float* y, int64_t ldy,
                int64_t m, int64_t n0, int64_t n1);
 void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
                       int64_t ldy, int64_t m, int64_t n0, int64_t n1);
 float peak_probe(int64_t iters);
+// FP8 weights (gemm_f8_dpbf16.h); needs AVX512_VBMI besides AVX512_BF16.
+void gemm_f8(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy, int64_t m,
+             int64_t n0, int64_t n1);
 inline constexpr int64_t kPeakFlopsPerIter = 24 * 32 * 2;  // 24 chains x 16 lanes x 2 pairs
 }  // namespace kvant::kernels::avx512bf16
 
@@ -21,4 +26,7 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, flo
                int64_t m, int64_t n0, int64_t n1);
 void gemm_bf16_packed(const uint16_t* x, int64_t ldx, const uint16_t* wp, int64_t k, float* y,
                       int64_t ldy, int64_t m, int64_t n0, int64_t n1);
+// Needs AVX512_VBMI.
+void gemm_f8(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy, int64_t m,
+             int64_t n0, int64_t n1);
 }  // namespace kvant::kernels::avx512bf16_emulated
