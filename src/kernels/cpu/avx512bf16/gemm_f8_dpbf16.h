@@ -186,7 +186,7 @@ void gemm_f8_dpbf16(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y
   thread_local std::vector<uint16_t> buf;
   const uint16_t* xs = f8_pad_rows(buf, x, ldx, W, m, [](int64_t, uint16_t b) { return b; });
   const int64_t ld = f8_padded_cols(W);
-  constexpr int64_t kBlockPanels = 8;
+  constexpr int64_t kBlockPanels = 12;  // whole sweeps of 6, 2 or 1 panels
   const int64_t pb = n0 / 16, pe = (n1 + 15) / 16;
   for (int64_t b0 = pb; b0 < pe; b0 += kBlockPanels) {
     const int64_t b1 = std::min(pe, b0 + kBlockPanels);
