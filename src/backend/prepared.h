@@ -43,7 +43,7 @@ struct Q4Matrix {
   size_t bytes() const { return w.size() + scales.size() * 2 + offs.size(); }
 };
 
-// A linear layer's FP8 e4m3 weight [rows = out, cols = in] in the "F8 P16"
+// A linear layer's FP8 e4m3 weight [rows = out, cols = in] in the "F8 Q16"
 // layout: codes as the checkpoint has them (or quantized at load) and FP32
 // scales per row and per group of `group` columns (a 128x128 block scale is
 // repeated over its 128 rows; per-channel and per-tensor scales are one

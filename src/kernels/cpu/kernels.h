@@ -114,7 +114,7 @@ constexpr int64_t f8_packed_bytes(int64_t n, int64_t k, int64_t group) {
 }
 
 // Packs FP8 codes [n, k] (row-major) with scales [n, f8_groups(k, group)]
-// into F8 P16 (load time; any ISA). Returns whether a NaN code was seen.
+// into F8 Q16 (load time; any ISA). Returns whether a NaN code was seen.
 bool pack_f8(const uint8_t* codes, const float* scale, int64_t n, int64_t k, int64_t group,
              uint8_t* w, float* scales);
 // Logical value of one weight of a packed matrix (tests, export).
