@@ -11,9 +11,9 @@ namespace {
 
 // Byte offset of (row, col) in a packed matrix.
 int64_t f8_offset(int64_t k, int64_t group, int64_t row, int64_t col) {
-  const int64_t ng = f8_groups(k, group), gq = f8_group_quads(k, group);
   const int64_t g = col / group, c = col - g * group;
-  return (((row / 16) * ng + g) * gq + c / 4) * 64 + 4 * (row % 16) + c % 4;
+  return ((row / 16) * f8_quads(k, group) + g * f8_group_quads(k, group) + c / 4) * 64 +
+         4 * (row % 16) + c % 4;
 }
 
 }  // namespace

@@ -42,11 +42,11 @@ struct F8Units {
   const float* s[NU];
   int64_t j[NU];
   F8Units(const F8Weights& W, int64_t u0, int64_t kU) {
-    const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group), per = 16 / kU;
+    const int64_t ng = f8_groups(W.k, W.group), kq = f8_quads(W.k, W.group), per = 16 / kU;
 #pragma GCC unroll 8
     for (int u = 0; u < NU; ++u) {
       const int64_t p = (u0 + u) / per, h = (u0 + u) % per;
-      w[u] = W.w + p * ng * gq * 64 + h * 4 * kU;
+      w[u] = W.w + p * kq * 64 + h * 4 * kU;
       s[u] = W.scales + p * ng * 16 + h * kU;
       j[u] = p * 16 + h * kU;
     }
@@ -56,9 +56,7 @@ struct F8Units {
 // x's rows in the packed groups' column order, each group padded to whole
 // quads with zeros, converted by cv(row i, BF16 bits) into buf (rows of
 // f8_padded_cols floats or BF16).
-inline int64_t f8_padded_cols(const F8Weights& W) {
-  return f8_groups(W.k, W.group) * f8_group_quads(W.k, W.group) * 4;
-}
+inline int64_t f8_padded_cols(const F8Weights& W) { return f8_quads(W.k, W.group) * 4; }
 template <class E, class Cv>
 const E* f8_pad_rows(std::vector<E>& buf, const uint16_t* x, int64_t ldx, const F8Weights& W,
                      int64_t m, Cv cv) {
@@ -70,7 +68,7 @@ const E* f8_pad_rows(std::vector<E>& buf, const uint16_t* x, int64_t ldx, const 
       const int64_t c0 = g * W.group, len = std::min(span, W.k - c0);
       E* d = buf.data() + i * ld + g * gq * 4;
       for (int64_t c = 0; c < len; ++c) d[c] = cv(i, x[i * ldx + c0 + c]);
-      for (int64_t c = len; c < gq * 4; ++c) d[c] = E(0);
+      for (int64_t c = len; c < (len + 3) / 4 * 4; ++c) d[c] = E(0);
     }
   return buf.data();
 }
@@ -111,6 +109,7 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
   using V = typename T::V;
   using R = typename T::R;
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
+  const int64_t kq = f8_quads(W.k, W.group);
   const F8Units<NU> units(W, u0, T::kU);
   const uint8_t* const* wu = units.w;
   const float* const* su = units.s;
@@ -129,7 +128,7 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
       for (int u = 0; u < NU; ++u) e[r][u] = o[r][u] = T::zero();
-    for (int64_t q = g * gq; q < (g + 1) * gq; ++q) {
+    for (int64_t q = g * gq; q < std::min(kq, (g + 1) * gq); ++q) {
       if constexpr (MR == 1) {
         // Its four x broadcast once, each unit decoded just before its FMAs.
         const V x0 = T::bcast(xr[0] + 4 * q), x1 = T::bcast(xr[0] + 4 * q + 1);

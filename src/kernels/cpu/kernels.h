@@ -90,13 +90,14 @@ float q4_weight(const Q4Weights& W, int64_t row, int64_t col);
 // shorter). A 128x128 block-scaled checkpoint gives every row of a 128-row
 // block the block's scale; per-channel and per-tensor scales are one group
 // of k columns. group is even and either at most kF8MaxGroup or >= k (one
-// group). Codes go in panels of 16 rows; inside a panel each group takes
-// gq = f8_group_quads(k, group) column quads (its columns, then zero codes
-// up to a whole quad), and one quad of one panel is 64 bytes, a 32-bit word
-// per row holding the row's four codes:
-//   wp[((p * ng + g) * gq + q) * 64 + 4 * r + t] = code[16p + r, g * group + 4q + t]
-// (ng = f8_groups(k, group); zero where the row is >= n or the column is
-// past its group or k). Scales: FP32 [panel][group][16], 0 past n.
+// group). Codes go in panels of 16 rows; inside a panel the columns are
+// taken in quads, each scale group starting a new quad (a group whose size
+// is not a multiple of 4 ends in zero codes; every group but the last has gq
+// = f8_group_quads(k, group) quads), and one quad of one panel is 64 bytes,
+// a 32-bit word per row holding the row's four codes:
+//   wp[((p * kq) + g * gq + q) * 64 + 4 * r + t] = code[16p + r, g * group + 4q + t]
+// (kq = f8_quads(k, group) a row; zero where the row is >= n or the column
+// is past its group or k). Scales: FP32 [panel][group][16], 0 past n.
 inline constexpr int64_t kF8MaxGroup = 256;
 struct F8Weights {
   const uint8_t* w = nullptr;     // f8_packed_bytes(n, k, group) bytes
@@ -105,12 +106,16 @@ struct F8Weights {
   bool nan_codes = false;  // some code is a NaN (0x7f / 0xff): kernels check for it
 };
 constexpr int64_t f8_groups(int64_t k, int64_t group) { return (k + group - 1) / group; }
-// Column quads per group: every group is padded to the same count.
+// Column quads of a whole group, and of a row (the last group may be shorter).
 constexpr int64_t f8_group_quads(int64_t k, int64_t group) {
   return ((group < k ? group : k) + 3) / 4;
 }
+constexpr int64_t f8_quads(int64_t k, int64_t group) {
+  const int64_t ng = f8_groups(k, group), last = k - (ng - 1) * group;
+  return (ng - 1) * f8_group_quads(k, group) + (last + 3) / 4;
+}
 constexpr int64_t f8_packed_bytes(int64_t n, int64_t k, int64_t group) {
-  return (n + 15) / 16 * f8_groups(k, group) * f8_group_quads(k, group) * 64;
+  return (n + 15) / 16 * f8_quads(k, group) * 64;
 }
 
 // Packs FP8 codes [n, k] (row-major) with scales [n, f8_groups(k, group)]

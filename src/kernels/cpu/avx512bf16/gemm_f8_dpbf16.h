@@ -106,6 +106,7 @@ template <bool kEmulate, int MR, int NU>
 void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, int64_t p0,
                float* y, int64_t ldy, int64_t jlo, int64_t jhi, const F8DpTables& t) {
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
+  const int64_t kq = f8_quads(W.k, W.group);
   const F8Units<NU> units(W, p0, 16);
   const uint8_t* const* wu = units.w;
   const float* const* su = units.s;
@@ -124,7 +125,7 @@ void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, i
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
       for (int u = 0; u < NU; ++u) a[r][u] = b[r][u] = _mm512_setzero_ps();
-    for (int64_t q = g * gq; q < (g + 1) * gq; ++q) {
+    for (int64_t q = g * gq; q < std::min(kq, (g + 1) * gq); ++q) {
       if constexpr (MR == 1) {
         // One row: each unit decoded just before its two products.
         int64_t bits;
