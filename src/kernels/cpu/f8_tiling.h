@@ -53,6 +53,12 @@ struct F8Units {
   }
 };
 
+// One-row sweeps (decode) ask for each unit's codes this far ahead, into
+// L2: decoding keeps the core busy enough that the hardware prefetchers
+// alone leave a cold matrix streaming at 65-75% of the read bandwidth (Zen
+// 4, one thread); 2 KB ahead (32 quads) brought it to 85-95%.
+inline constexpr int64_t kF8PrefetchBytes = 2048;
+
 // x's rows in the packed groups' column order, each group padded to whole
 // quads with zeros, converted by cv(row i, BF16 bits) into buf (rows of
 // f8_padded_cols floats or BF16).
@@ -135,6 +141,7 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
         const V x2 = T::bcast(xr[0] + 4 * q + 2), x3 = T::bcast(xr[0] + 4 * q + 3);
 #pragma GCC unroll 8
         for (int u = 0; u < NU; ++u) {
+          __builtin_prefetch(wu[u] + q * 64 + kF8PrefetchBytes, 0, 2);
           const R d = T::load(wu[u] + q * 64);
           e[0][u] = T::fma(e[0][u], x0, T::template decode<0, kNan>(d));
           o[0][u] = T::fma(o[0][u], x1, T::template decode<1, kNan>(d));

@@ -133,6 +133,7 @@ void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, i
         const __m512i xv = _mm512_set1_epi64(bits);
 #pragma GCC unroll 8
         for (int u = 0; u < NU; ++u) {
+          _mm_prefetch(reinterpret_cast<const char*>(wu[u] + q * 64 + kF8PrefetchBytes), _MM_HINT_T1);
           const F8DpQuad w = f8dp_decode(wu[u] + q * 64, t);
           a[0][u] = f8dp_dot<kEmulate>(a[0][u], w.a, xv);
           b[0][u] = f8dp_dot<kEmulate>(b[0][u], w.b, xv);
