@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/gemm_tiling.h"
 #include "kernels/cpu/kernels.h"
@@ -34,9 +33,13 @@
 namespace kvant::kernels {
 namespace {
 
+// Everything here is a template on the including ISA's traits (or tag) T,
+// so its instantiations carry T's namespace (avx2::, avx512::, ...) in
+// their names, which tests/isa_guard.py reads.
+
 // Units u0 .. u0 + NU - 1 of kU rows (16 / kU per F8 Q16 panel): where
 // their codes, scales and first output columns start.
-template <int NU>
+template <class T, int NU>
 struct F8Units {
   const uint8_t* w[NU];
   const float* s[NU];
@@ -59,24 +62,45 @@ struct F8Units {
 // 4, one thread); 2 KB ahead (32 quads) brought it to 85-95%.
 inline constexpr int64_t kF8PrefetchBytes = 2048;
 
+// A per-thread scratch array, grown and never shrunk. Not std::vector: its
+// out-of-line members are shared between translation units, and a copy
+// compiled here with AVX flags could be the one the whole program links.
+template <class T, class E>
+struct F8Scratch {
+  E* p = nullptr;
+  int64_t n = 0;
+  F8Scratch() = default;
+  F8Scratch(const F8Scratch&) = delete;
+  F8Scratch& operator=(const F8Scratch&) = delete;
+  ~F8Scratch() { delete[] p; }
+  E* get(int64_t want) {
+    if (want > n) {
+      delete[] p;
+      p = new E[size_t(want)];
+      n = want;
+    }
+    return p;
+  }
+};
+
 // x's rows in the packed groups' column order, each group padded to whole
 // quads with zeros, converted by cv(row i, BF16 bits) into buf (rows of
 // f8_padded_cols floats or BF16).
 inline int64_t f8_padded_cols(const F8Weights& W) { return f8_quads(W.k, W.group) * 4; }
-template <class E, class Cv>
-const E* f8_pad_rows(std::vector<E>& buf, const uint16_t* x, int64_t ldx, const F8Weights& W,
+template <class T, class E, class Cv>
+const E* f8_pad_rows(F8Scratch<T, E>& buf, const uint16_t* x, int64_t ldx, const F8Weights& W,
                      int64_t m, Cv cv) {
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
   const int64_t ld = f8_padded_cols(W), span = std::min(W.group, W.k);
-  if (int64_t(buf.size()) < m * ld) buf.resize(size_t(m * ld));
+  E* out = buf.get(m * ld);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t g = 0; g < ng; ++g) {
       const int64_t c0 = g * W.group, len = std::min(span, W.k - c0);
-      E* d = buf.data() + i * ld + g * gq * 4;
+      E* d = out + i * ld + g * gq * 4;
       for (int64_t c = 0; c < len; ++c) d[c] = cv(i, x[i * ldx + c0 + c]);
       for (int64_t c = len; c < (len + 3) / 4 * 4; ++c) d[c] = E(0);
     }
-  return buf.data();
+  return out;
 }
 
 // x rows in FP32, scaled by 2^K per row (kernels.h, gemm_f8).
@@ -86,9 +110,11 @@ struct F8Rows {
   int64_t ld = 0;
 };
 
-inline F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
-  thread_local std::vector<float> buf, unscale, scale;
-  if (int64_t(unscale.size()) < m) unscale.resize(size_t(m)), scale.resize(size_t(m));
+template <class T>
+F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
+  thread_local F8Scratch<T, float> buf, unscale_buf, scale_buf;
+  float* unscale = unscale_buf.get(m);
+  float* scale = scale_buf.get(m);
   for (int64_t i = 0; i < m; ++i) {
     const uint16_t* xi = x + i * ldx;
     uint16_t top = 0;
@@ -106,7 +132,7 @@ inline F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_
     std::memcpy(&v, &bits, 4);
     return v * scale[size_t(i)];
   });
-  return {xs, unscale.data(), f8_padded_cols(W)};
+  return {xs, unscale, f8_padded_cols(W)};
 }
 
 template <class T, int MR, int NU, bool kNan>
@@ -116,7 +142,7 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
   using R = typename T::R;
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
   const int64_t kq = f8_quads(W.k, W.group);
-  const F8Units<NU> units(W, u0, T::kU);
+  const F8Units<T, NU> units(W, u0, T::kU);
   const uint8_t* const* wu = units.w;
   const float* const* su = units.s;
   const int64_t* ju = units.j;
@@ -224,7 +250,7 @@ template <class T>
 void gemm_f8_blocked(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y, int64_t ldy,
                      int64_t m, int64_t n0, int64_t n1) {
   if (m <= 0 || n1 <= n0 || W.k <= 0) return;
-  const F8Rows xs = f8_rows(x, ldx, W, m);
+  const F8Rows xs = f8_rows<T>(x, ldx, W, m);
   if (W.nan_codes)
     f8_blocked<T, true>(xs, W, y, ldy, m, n0, n1);
   else

@@ -7,7 +7,7 @@ namespace kvant::kernels::avx512bf16 {
 
 void gemm_f8(const uint16_t* x, int64_t ldx, const F8Weights& w, float* y, int64_t ldy, int64_t m,
              int64_t n0, int64_t n1) {
-  gemm_f8_dpbf16<false>(x, ldx, w, y, ldy, m, n0, n1);
+  avx512bf16_f8::gemm_f8_dpbf16<false>(x, ldx, w, y, ldy, m, n0, n1);
 }
 
 }  // namespace kvant::kernels::avx512bf16

@@ -28,14 +28,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/f8_tiling.h"
 #include "kernels/cpu/kernels.h"
 #include "numerics/fp8.h"
 
-namespace kvant::kernels {
+namespace kvant::kernels::avx512bf16_f8 {
 namespace {
+
+struct Tag {};  // names f8_tiling.h's helpers for this kernel (isa_guard)
 
 struct F8DpTables {
   __m512i lo0, lo1, hi0, hi1;
@@ -107,7 +108,7 @@ void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, i
                float* y, int64_t ldy, int64_t jlo, int64_t jhi, const F8DpTables& t) {
   const int64_t ng = f8_groups(W.k, W.group), gq = f8_group_quads(W.k, W.group);
   const int64_t kq = f8_quads(W.k, W.group);
-  const F8Units<NU> units(W, p0, 16);
+  const F8Units<Tag, NU> units(W, p0, 16);
   const uint8_t* const* wu = units.w;
   const float* const* su = units.s;
   const int64_t* ju = units.j;
@@ -185,7 +186,7 @@ void gemm_f8_dpbf16(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y
                     int64_t m, int64_t n0, int64_t n1) {
   if (m <= 0 || n1 <= n0 || W.k <= 0) return;
   const F8DpTables& t = f8dp_table();
-  thread_local std::vector<uint16_t> buf;
+  thread_local F8Scratch<Tag, uint16_t> buf;
   const uint16_t* xs = f8_pad_rows(buf, x, ldx, W, m, [](int64_t, uint16_t b) { return b; });
   const int64_t ld = f8_padded_cols(W);
   constexpr int64_t kBlockPanels = 12;  // whole sweeps of 6, 2 or 1 panels
@@ -219,4 +220,4 @@ void gemm_f8_dpbf16(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y
 }
 
 }  // namespace
-}  // namespace kvant::kernels
+}  // namespace kvant::kernels::avx512bf16_f8
