@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/avx512/avx512.h"
 #include "kernels/cpu/avx512/avx512_common.h"
@@ -602,10 +601,22 @@ void attn_scores_multi(const float* q, int64_t ldq, int64_t m, const uint16_t* k
     // once per query, with the broadcast queries beside them in L1.
     alignas(64) float kb[kBlockFloats];  // srows <= block_rows: 16 rows of up to 512
     const int64_t srows = std::max<int64_t>(16, kScoreBlockFloats / padded_dim(head_dim) / 16 * 16);
-    thread_local std::vector<float> qbuf;
+    // Not std::vector: its out-of-line members are shared between
+    // translation units, and a copy built here with AVX-512 flags could be
+    // the one the whole program links.
+    struct QBuf {
+      float* p = nullptr;
+      size_t n = 0;
+      ~QBuf() { delete[] p; }
+    };
+    thread_local QBuf qbuf;
     const size_t qfloats = size_t(4 * m * padded_dim(head_dim));
-    if (qbuf.size() < qfloats + 16) qbuf.resize(qfloats + 16);
-    float* qp = qbuf.data() + (16 - (reinterpret_cast<uintptr_t>(qbuf.data()) / 4) % 16) % 16;
+    if (qbuf.n < qfloats + 16) {
+      delete[] qbuf.p;
+      qbuf.p = new float[qfloats + 16];
+      qbuf.n = qfloats + 16;
+    }
+    float* qp = qbuf.p + (16 - (reinterpret_cast<uintptr_t>(qbuf.p) / 4) % 16) % 16;
     broadcast_quarters(q, ldq, m, head_dim, qp);
     for (int64_t t0 = 0; t0 < n16; t0 += srows) {
       const int64_t nb = std::min(srows, n16 - t0);
