@@ -21,6 +21,9 @@
 //   y = fma(a_lane0 + a_lane1 (or b's), s[j, g], y)
 // x is read through a per-thread copy with each group padded to whole quads
 // with zeros (the zero codes there must not meet x's next group or an Inf).
+// Tiles: 10, 8 or 4 rows of x against 1 or 2 panels (prefill); one row
+// against 6 panels with their codes prefetched 2 KB ahead (decode); panels
+// in blocks of 12, so a decode sweep never ends on a short remainder.
 #pragma once
 
 #include <immintrin.h>
