@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/avx512/avx512_common.h"
 #include "kernels/cpu/f8_tiling.h"
 #include "kernels/cpu/kernels.h"
 #include "numerics/fp8.h"
@@ -101,11 +102,6 @@ inline __m512 f8dp_rows(__m512 a, __m512 b) {
   return _mm512_permutex2var_ps(ta, idx, tb);
 }
 
-inline __mmask16 f8dp_cols(int64_t lo, int64_t jlo, int64_t jhi) {
-  const int64_t a = std::clamp<int64_t>(jlo - lo, 0, 16), b = std::clamp<int64_t>(jhi - lo, 0, 16);
-  return __mmask16(((1u << b) - 1u) & ~((1u << a) - 1u));
-}
-
 template <bool kEmulate, int MR, int NU>
 void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, int64_t p0,
                float* y, int64_t ldy, int64_t jlo, int64_t jhi, const F8DpTables& t) {
@@ -170,7 +166,7 @@ void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, i
 #pragma GCC unroll 8
           for (int u = 0; u < NU; ++u) {
             float* yr = y + r * ldy + ju[u];
-            const __mmask16 mk = f8dp_cols(ju[u], jlo, jhi);
+            const __mmask16 mk = avx512::col_mask(ju[u], jlo, jhi);
             const __m512 prev = g == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, yr);
             _mm512_mask_storeu_ps(yr, mk,
                                   _mm512_fmadd_ps(f8dp_rows(a[r][u], b[r][u]),
@@ -181,7 +177,7 @@ void f8dp_tile(int rows, const uint16_t* xs, int64_t ldxs, const F8Weights& W, i
   if constexpr (MR == 1)
 #pragma GCC unroll 8
     for (int u = 0; u < NU; ++u)
-      _mm512_mask_storeu_ps(y + ju[u], f8dp_cols(ju[u], jlo, jhi), out[u]);
+      _mm512_mask_storeu_ps(y + ju[u], avx512::col_mask(ju[u], jlo, jhi), out[u]);
 }
 
 template <bool kEmulate>
