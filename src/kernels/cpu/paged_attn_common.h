@@ -80,23 +80,89 @@ inline float v_token_scale(const PagedKv& kv, int64_t pg, int64_t i) {
   return kv.v_scales ? scale_value(kv.v_scales[pg][i * kv.scale_stride]) : kv.v_scale;
 }
 
-// p[h * lds + t] *= vs_t * extra for every head (FP8 only), as (p * vs_t) *
-// extra, the order the SIMD passes multiply in. `extra` is a power of two
-// that SIMD decoders fold in (exact, so the result is the contract's p * vs_t).
-inline void scale_probs(const PagedKv& kv, int64_t group, float extra, float* p, int64_t lds) {
+// FP8 codes in SIMD lanes (both ISAs). A code moved to the top byte of a
+// 32-bit lane, shifted right arithmetically by `shift` and masked with `mask`,
+// is the FP32 whose value is the code's times 2^-bias exactly: the code's
+// exponent and mantissa bits land in FP32's fields below a zero exponent
+// prefix (the exponent bias grows by `bias`), its sign on FP32's, and
+// subnormal codes become FP32 subnormals. Codes with every exponent bit set
+// (e4m3 NaN, e5m2 Inf and NaN) are the lanes with (bits & special) ==
+// special; OR-ing 0x7f800000 into those gives FP32's Inf or NaN, sign and
+// mantissa kept. `special_byte` finds the same codes in raw bytes.
+template <KvDType E>
+struct F8Lanes;
+template <>
+struct F8Lanes<KvDType::kFp8E4m3> {
+  static constexpr int shift = 4, bias = 120;
+  static constexpr uint32_t mask = 0x87f00000u, special = 0x07f00000u;
+  static constexpr uint8_t special_byte = 0x7f;
+  static constexpr float unbias = 0x1p120f, fold_limit = 0x1p8f;  // fold_limit = 2^(128 - bias)
+};
+template <>
+struct F8Lanes<KvDType::kFp8E5m2> {
+  static constexpr int shift = 3, bias = 112;
+  static constexpr uint32_t mask = 0x8fe00000u, special = 0x0f800000u;
+  static constexpr uint8_t special_byte = 0x7c;
+  static constexpr float unbias = 0x1p112f, fold_limit = 0x1p16f;
+};
+
+// The probability fold of the SIMD weighted sums: V codes stay 2^-bias
+// small, so w = p * vs_t is multiplied by 2^bias (exact) and the FMA's
+// product (w * 2^bias) * (v * 2^-bias) is the contract's w * v, rounding
+// included. p <= 1 after softmax, so w * 2^bias stays finite while |vs_t| <
+// fold_limit; tokens with a larger scale (none in practice) keep w as it is
+// and widen their codes to exact values instead.
+template <KvDType E>
+inline float v_fold(float vs) {
+  return __builtin_fabsf(vs) < F8Lanes<E>::fold_limit ? F8Lanes<E>::unbias : 1.f;
+}
+inline float v_fold(KvDType e, float vs) {
+  if (e == KvDType::kFp8E4m3) return v_fold<KvDType::kFp8E4m3>(vs);
+  if (e == KvDType::kFp8E5m2) return v_fold<KvDType::kFp8E5m2>(vs);
+  return 1.f;
+}
+
+// Queries are multiplied by 2^K (K = min(bias, 126 - E), E the exponent of
+// max |q|, so |q| * 2^K < 2^127) before meeting 2^-bias-scaled K codes; the
+// score then takes 2^(bias - K) back with its per-token factor. Returns K.
+template <KvDType E>
+inline int q_scale_exp(const float* q, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t d = 0; d < n; ++d) {
+    uint32_t u;
+    __builtin_memcpy(&u, q + d, 4);
+    u &= 0x7fffffffu;
+    top = u > top ? u : top;  // NaN and Inf compare above every finite value
+  }
+  const int e = int(top >> 23) - 127;
+  return e + F8Lanes<E>::bias <= 126 ? F8Lanes<E>::bias : 126 - e;
+}
+
+// 2^e as FP32 for -126 <= e <= 127.
+inline float pow2f(int e) {
+  const uint32_t u = uint32_t(e + 127) << 23;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// p[h * lds + t] *= vs_t for every head (FP8 only), as (p * vs_t) * fold,
+// the order the SIMD passes multiply in; with `fold`, the SIMD weighted
+// sums' v_fold (exact, so the result is the contract's p * vs_t).
+inline void scale_probs(const PagedKv& kv, int64_t group, bool fold, float* p, int64_t lds) {
   for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
     prefetch_next_scales(kv.v_scales, pg, i, kv);
-    const float vs = v_token_scale(kv, pg, i);
+    const float vs = v_token_scale(kv, pg, i), extra = fold ? v_fold(kv.elem, vs) : 1.f;
     for (int64_t h = 0; h < group; ++h) p[h * lds + t] = p[h * lds + t] * vs * extra;
   });
 }
 
-// paged_attn_probs for an ISA with softmax `sm` and FP8 fold `extra`.
+// paged_attn_probs for an ISA with softmax `sm` (fold: see scale_probs).
 template <class Softmax>
-inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, float extra,
+inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, bool fold,
                        Softmax&& sm) {
   for (int64_t h = 0; h < group; ++h) sm(s + h * lds, kv.n_tokens);
-  if (kv.elem != KvDType::kBf16) scale_probs(kv, group, extra, s, lds);
+  if (kv.elem != KvDType::kBf16) scale_probs(kv, group, fold, s, lds);
 }
 
 }  // namespace

@@ -1,16 +1,21 @@
 // AVX-512 paged_attn_decode (contract in kernels.h). Each K/V row is decoded
 // once into registers and used by up to 8 query heads of the group. FP8 is
-// decoded by bit manipulation through FP16, not a table gather: an e5m2 code
-// is the top byte of the FP16 with the same value, and an e4m3 code shifted
-// into FP16's exponent/mantissa fields (sign kept) is its value times 2^-8,
-// subnormals included; VCVTPH2PS widens exactly. The 2^8 is folded into the
-// per-token score factor and into the probabilities (exact powers of two), so
-// results equal decoding through numerics/fp8.h's tables. FP8 rows are read
-// 64 codes per load and widened by byte unpacks, which interleave elements
-// (Block64); q is permuted to match, so FP8 dot products sum their elements
-// in another order than BF16's (allowed by the contract). e4m3 NaN codes are
-// found with one byte compare per 64 codes; rows without one (all of them, in
-// practice) skip the per-element NaN select.
+// decoded by integer shifts and a mask (paged_attn_common.h's F8Lanes), not
+// a table gather: a 64-byte load holds codes 4j .. 4j+3 in 32-bit lane j,
+// and chunk t (0 .. 3) moves code 4j+t to the lane's top byte, shifts it
+// right arithmetically and masks it, which gives the code's value times
+// 2^-bias (e4m3 2^-120, e5m2 2^-112) exactly, subnormals included: three
+// instructions per 16 codes, no shuffles. Scores meet chunk t with q
+// permuted alike and multiplied by 2^K (q_scale_exp: K = bias unless q is
+// very large), so products are q * k * 2^(K - bias), and the per-token score
+// factor takes 2^(bias - K) back. The weighted sums take w = p * vs_t times
+// 2^bias (v_fold: exact, so each FMA's product is the contract's w * v, bit
+// for bit) and un-permute their accumulators once per block. So FP8 dot
+// products sum their elements in another order than BF16's (allowed by the
+// contract). Special codes (e4m3 NaN, e5m2 Inf/NaN) are found with one byte
+// compare per 64 codes; blocks without one (all of them, in practice) skip
+// the per-element select, and a score block that meets one is recomputed
+// with it.
 //
 // Scores go 16 tokens at a time: each token's 16-lane partial dot product is
 // reduced together with the others' by a transpose-and-add tree (levels pair
@@ -35,130 +40,124 @@ inline __mmask64 mask64(int64_t n) {
   return __mmask64(_bzhi_u64(~0ull, unsigned(std::clamp<int64_t>(n, 0, 64))));
 }
 
-// 16 elements (lanes past m are 0) of a row, as FP32; e4m3 comes out times
-// 2^-8. With Exact false an e4m3 NaN code decodes as a finite value (callers
-// check rows with e4m3_has_nan first).
-template <KvDType E, bool Exact = true>
+// FP8 lanes (F8Lanes): `top` holds a code in bits 31..24 of each lane.
+template <KvDType E>
+inline __m512 f8_lanes(__m512i top) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(top, F8Lanes<E>::shift),
+                                              _mm512_set1_epi32(int(F8Lanes<E>::mask))));
+}
+// Special codes' lanes of f8_lanes' result as FP32 Inf/NaN.
+template <KvDType E>
+inline __m512 f8_fix_special(__m512 x) {
+  const __m512i b = _mm512_castps_si512(x), sp = _mm512_set1_epi32(int(F8Lanes<E>::special));
+  const __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, sp), sp);
+  return _mm512_castsi512_ps(_mm512_mask_or_epi32(b, m, b, _mm512_set1_epi32(0x7f800000)));
+}
+// The bytes of c that are special codes (zero bytes never are).
+template <KvDType E>
+inline __mmask64 f8_special_bytes(__m512i c) {
+  const __m512i sb = _mm512_set1_epi8(char(F8Lanes<E>::special_byte));
+  return _mm512_cmpeq_epi8_mask(_mm512_and_si512(c, sb), sb);
+}
+
+// 16 elements (lanes past m are 0) of a row as exact FP32 values (FP8:
+// specials included), in order: the plain path's decode.
+template <KvDType E>
 inline __m512 decode16(const uint8_t* p, __mmask16 m) {
   if constexpr (E == KvDType::kBf16) {
     return maskz_load_bf16(m, reinterpret_cast<const uint16_t*>(p));
   } else {
-    const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8);
-    if constexpr (E == KvDType::kFp8E5m2) {
-      return _mm512_cvtph_ps(w);
-    } else {
-      // S.EEEE.MMM << 8, arithmetic >> 1 copies S into bit 14; clear it.
-      const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(short(0xbfff)));
-      if constexpr (!Exact) return _mm512_cvtph_ps(h);
-      const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
-                                                    _mm256_set1_epi16(0x3f80));
-      return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan,
-                                _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-    }
+    const __m512i top = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p)), 24);
+    return _mm512_mul_ps(f8_fix_special<E>(f8_lanes<E>(top)), _mm512_set1_ps(F8Lanes<E>::unbias));
   }
 }
 
-// Whether bytes [0, n) of p hold an e4m3 NaN code (S.1111.111).
-inline bool e4m3_has_nan(const uint8_t* p, int64_t n) {
-  __mmask64 any = 0;
-  for (int64_t d = 0; d < n; d += 64) {
-    const __mmask64 m = mask64(n - d);
-    const __m512i v = _mm512_or_si512(_mm512_maskz_loadu_epi8(m, p + d), _mm512_set1_epi8(-128));
-    any |= _mm512_mask_cmpeq_epi8_mask(m, v, _mm512_set1_epi8(-1));
-  }
-  return any != 0;
-}
-
-// FP8 rows in blocks of 64 codes (one load): VPUNPCK{L,H}BW against zero
-// makes each code the high byte of a word, which is the FP16 of an e5m2 code;
-// e4m3 then takes the shift above. Per 128-bit lane the unpacks take codes
-// 0-7 and 8-15, so a block's four 16-lane chunks hold codes
-//   A = [0-7, 16-23], B = [8-15, 24-31], C = [32-39, 48-55], D = [40-47, 56-63]
-// (a 32-code block: A and B). Scores meet them with q permuted alike
-// (permute_q); weighted sums un-permute their accumulators once (store_perm).
-template <KvDType E>
-inline __m512i fp16_bits(__m512i w) {
-  if constexpr (E == KvDType::kFp8E4m3)
-    return _mm512_and_si512(_mm512_srai_epi16(w, 1), _mm512_set1_epi16(short(0xbfff)));
-  else
-    return w;
-}
-template <KvDType E>
-inline __m256i fp16_bits(__m256i w) {
-  if constexpr (E == KvDType::kFp8E4m3)
-    return _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16(short(0xbfff)));
-  else
-    return w;
-}
-// FP16 bits -> FP32; Exact: e4m3 NaN codes (FP16 bits x.01111.111.0000000) become NaN.
-template <KvDType E, bool Exact>
-inline __m512 widen(__m256i h) {
-  const __m512 f = _mm512_cvtph_ps(h);
-  if constexpr (!Exact || E != KvDType::kFp8E4m3) return f;
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)),
-                                                _mm256_set1_epi16(0x3f80));
-  return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-}
-
-// The FP16 bits of codes [0, min(n, 64)) of p (the rest 0) as two words
-// vectors: lo holds chunks A | C, hi B | D. For e4m3, nan_any gains the codes
-// that are NaN.
+// 64 codes of a row (past n: 0): lane j holds codes 4j .. 4j+3; chunk t
+// (0 .. 3) is codes 4j+t as FP32 times 2^-bias. `special` gains the bytes
+// that are special codes.
 template <KvDType E>
 struct Block64 {
-  __m512i lo, hi;
-  Block64(const uint8_t* p, int64_t n, __mmask64* nan_any = nullptr) {
-    const __m512i c = n >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask64(n), p);
-    if constexpr (E == KvDType::kFp8E4m3)
-      if (nan_any)
-        *nan_any |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, _mm512_set1_epi8(-128)),
-                                           _mm512_set1_epi8(-1));
-    lo = fp16_bits<E>(_mm512_unpacklo_epi8(_mm512_setzero_si512(), c));
-    hi = fp16_bits<E>(_mm512_unpackhi_epi8(_mm512_setzero_si512(), c));
+  __m512i w;
+  Block64(const uint8_t* p, int64_t n, __mmask64* special) {
+    w = n >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(mask64(n), p);
+    *special |= f8_special_bytes<E>(w);
   }
-  // Chunk k = 0 .. 3 (A, B, C, D) as FP32.
   template <bool Exact = false>
-  __m512 chunk(int k) const {
-    const __m512i w = k % 2 == 0 ? lo : hi;
-    return widen<E, Exact>(k < 2 ? _mm512_castsi512_si256(w) : _mm512_extracti64x4_epi64(w, 1));
+  __m512 chunk(int t) const {
+    const __m512 x = f8_lanes<E>(t == 3 ? w : _mm512_slli_epi32(w, unsigned(24 - 8 * t)));
+    return Exact ? f8_fix_special<E>(x) : x;
   }
 };
-// The same for 32 codes (chunks A, B).
+// 32 codes: lane j holds codes 2j, 2j+1 (one zero-extending load); chunk t
+// (0, 1) is codes 2j+t.
 template <KvDType E>
 struct Block32 {
-  __m256i lo, hi;
-  Block32(const uint8_t* p, int64_t n, __mmask32* nan_any = nullptr) {
+  __m512i w;
+  Block32(const uint8_t* p, int64_t n, __mmask64* special) {
     const __m256i c = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                               : _mm256_maskz_loadu_epi8(mask32(n), p);
-    if constexpr (E == KvDType::kFp8E4m3)
-      if (nan_any)
-        *nan_any |= _mm256_cmpeq_epi8_mask(_mm256_or_si256(c, _mm256_set1_epi8(-128)),
-                                           _mm256_set1_epi8(-1));
-    lo = fp16_bits<E>(_mm256_unpacklo_epi8(_mm256_setzero_si256(), c));
-    hi = fp16_bits<E>(_mm256_unpackhi_epi8(_mm256_setzero_si256(), c));
+    *special |= f8_special_bytes<E>(_mm512_castsi256_si512(c)) & 0xffffffffull;
+    w = _mm512_cvtepu16_epi32(c);
   }
   template <bool Exact = false>
-  __m512 chunk(int k) const {
-    return widen<E, Exact>(k == 0 ? lo : hi);
+  __m512 chunk(int t) const {
+    const __m512 x = f8_lanes<E>(_mm512_slli_epi32(w, unsigned(24 - 8 * t)));
+    return Exact ? f8_fix_special<E>(x) : x;
   }
 };
 
-// qp[h * ldp + 0 .. ldp) = q[h * hd + 0 .. hd) in the chunk order above, zero
-// past hd; ldp = hd rounded up to 64.
-inline void permute_q(const float* q, int64_t heads, int64_t hd, float* qp, int64_t ldp) {
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t d = 0; d < ldp; d += 32) {
-      const __m512 q0 = _mm512_maskz_loadu_ps(mask16(hd - d), q + h * hd + d);
-      const __m512 q1 = _mm512_maskz_loadu_ps(mask16(hd - d - 16), q + h * hd + d + 16);
-      _mm512_storeu_ps(qp + h * ldp + d, _mm512_shuffle_f32x4(q0, q1, _MM_SHUFFLE(1, 0, 1, 0)));
-      _mm512_storeu_ps(qp + h * ldp + d + 16,
-                       _mm512_shuffle_f32x4(q0, q1, _MM_SHUFFLE(3, 2, 3, 2)));
-    }
+// qp[h * ldp + d + 16 t + j] = q[h * hd + d + 4 j + t] * 2^K_h (Block64's
+// chunk order; 0 past hd), ldp = hd rounded up to 64; fold[h] = 2^(bias - K_h)
+// (q_scale_exp).
+template <KvDType E>
+inline void permute_q(const float* q, int64_t heads, int64_t hd, float* qp, int64_t ldp,
+                      float* fold) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const int k = q_scale_exp<E>(q + h * hd, hd);
+    const float s = pow2f(k);
+    fold[h] = pow2f(F8Lanes<E>::bias - k);
+    for (int64_t d = 0; d < ldp; d += 64)
+      for (int64_t t = 0; t < 4; ++t)
+        for (int64_t j = 0; j < 16; ++j) {
+          const int64_t x = d + 4 * j + t;
+          qp[h * ldp + d + 16 * t + j] = x < hd ? q[h * hd + x] * s : 0.f;
+        }
+  }
 }
-// out[0 .. n) (n <= 32) from chunks A and B of a 32-code block.
-inline void store_perm(float* out, __m512 a, __m512 b, int64_t n) {
-  _mm512_mask_storeu_ps(out, mask16(n), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
-  _mm512_mask_storeu_ps(out + 16, mask16(n - 16),
-                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+
+// out[0 .. n) from the chunks of a weighted sum's block: C = 4 (Block64:
+// out[4j + t] = a[t][j]) or C = 2 (Block32: out[2j + t] = a[t][j]).
+template <int C>
+inline void store_perm(float* out, const __m512* a, int64_t n) {
+  if constexpr (C == 4) {
+    const __m512 ab_lo = _mm512_unpacklo_ps(a[0], a[1]), ab_hi = _mm512_unpackhi_ps(a[0], a[1]);
+    const __m512 cd_lo = _mm512_unpacklo_ps(a[2], a[3]), cd_hi = _mm512_unpackhi_ps(a[2], a[3]);
+    auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
+    auto ps = [](__m512d x) { return _mm512_castpd_ps(x); };
+    // x_m, 128-bit lane l: codes 4 (4l + m) .. +3, i.e. out[16 l + 4 m ..].
+    const __m512 x0 = ps(_mm512_unpacklo_pd(pd(ab_lo), pd(cd_lo)));
+    const __m512 x1 = ps(_mm512_unpackhi_pd(pd(ab_lo), pd(cd_lo)));
+    const __m512 x2 = ps(_mm512_unpacklo_pd(pd(ab_hi), pd(cd_hi)));
+    const __m512 x3 = ps(_mm512_unpackhi_pd(pd(ab_hi), pd(cd_hi)));
+    const __m512 y0 = _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y1 = _mm512_shuffle_f32x4(x2, x3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y2 = _mm512_shuffle_f32x4(x0, x1, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 y3 = _mm512_shuffle_f32x4(x2, x3, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_mask_storeu_ps(out, mask16(n), _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_mask_storeu_ps(out + 16, mask16(n - 16),
+                          _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_mask_storeu_ps(out + 32, mask16(n - 32),
+                          _mm512_shuffle_f32x4(y2, y3, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_mask_storeu_ps(out + 48, mask16(n - 48),
+                          _mm512_shuffle_f32x4(y2, y3, _MM_SHUFFLE(3, 1, 3, 1)));
+  } else {
+    const __m512 lo = _mm512_unpacklo_ps(a[0], a[1]), hi = _mm512_unpackhi_ps(a[0], a[1]);
+    const __m512 y0 = _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y1 = _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm512_mask_storeu_ps(out, mask16(n), _mm512_shuffle_f32x4(y0, y0, _MM_SHUFFLE(3, 1, 2, 0)));
+    _mm512_mask_storeu_ps(out + 16, mask16(n - 16),
+                          _mm512_shuffle_f32x4(y1, y1, _MM_SHUFFLE(3, 1, 2, 0)));
+  }
 }
 
 // Permuted q of a head block lives on the stack: up to this many floats.
@@ -169,11 +168,6 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64)
     _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T2);
 }
-
-constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
-
-template <KvDType E>
-constexpr float kFold = E == KvDType::kFp8E4m3 ? 256.f : 1.f;
 
 // 16 BF16 scales (uint16 bits) -> FP32, exact.
 inline __m512 bf16x16_to_ps(__m256i h) {
@@ -213,41 +207,43 @@ inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t
 // The reduction tree (tree1..tree4): avx512_common.h.
 
 // s[h * lds + t] for heads [0, H) of the block starting at q (row stride ldq).
-// Perm (FP8 only): q is permute_q's layout and rows are read as Block64s.
+// Perm (FP8 only): q is permute_q's layout (fold[h]: its 2^(bias - K_h)) and
+// rows are read as Block64s; otherwise rows are decoded in order to exact
+// values (fold unused).
 template <KvDType E, int H, bool Perm>
 void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
-                  float* s, int64_t lds) {
+                  float* s, int64_t lds, const float* fold) {
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const float static_c = E == KvDType::kBf16 ? scale : scale * kv.k_scale * kFold<E>;
+  const float static_c = E == KvDType::kBf16 ? scale : scale * kv.k_scale;
   int64_t pg = 0, i = 0;  // where token t0 lives
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int nb = int(std::min<int64_t>(16, n - t0));
     const uint8_t* rows[16];
-    bool nan = false;
-    __mmask64 nan_any = 0;
-    {
-      int64_t p2 = pg, i2 = i;
-      for (int j = 0; j < nb; ++j) {
-        rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
-        if (p2 + kPrefetchPages < pages)
-          prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
-        if constexpr (E != KvDType::kBf16) {
-          // The V scales too: the pass that reads them is too short to hide misses.
-          prefetch_next_scales(kv.k_scales, p2, i2, kv);
-          prefetch_next_scales(kv.v_scales, p2, i2, kv);
-        }
-        if constexpr (E == KvDType::kFp8E4m3 && !Perm) nan |= e4m3_has_nan(rows[j], hd);
-        if (++i2 == pt) i2 = 0, ++p2;
+    int64_t p2 = pg, i2 = i;
+    for (int j = 0; j < nb; ++j) {
+      rows[j] = kv.k_pages[p2] + i2 * kv.token_stride;
+      if (p2 + kPrefetchPages < pages)
+        prefetch_row(kv.k_pages[p2 + kPrefetchPages] + i2 * kv.token_stride, hd * eb);
+      if constexpr (E != KvDType::kBf16) {
+        // The V scales too: the pass that reads them is too short to hide misses.
+        prefetch_next_scales(kv.k_scales, p2, i2, kv);
+        prefetch_next_scales(kv.v_scales, p2, i2, kv);
       }
-      for (int j = nb; j < 16; ++j) rows[j] = rows[0];  // lanes not stored
-      __m512 c = _mm512_set1_ps(static_c);
-      if (E != KvDType::kBf16 && kv.k_scales)
-        c = _mm512_mul_ps(
-            _mm512_mul_ps(_mm512_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb)),
-            _mm512_set1_ps(kFold<E>));
-      __m512 b_even[H], c_even[H], d_first[H], e[H];
+      if (++i2 == pt) i2 = 0, ++p2;
+    }
+    for (int j = nb; j < 16; ++j) rows[j] = rows[0];  // lanes not stored
+    __m512 c = _mm512_set1_ps(static_c);
+    if (E != KvDType::kBf16 && kv.k_scales)
+      c = _mm512_mul_ps(_mm512_set1_ps(scale), block_scales(kv.k_scales, kv, pg, i, nb));
+    __m512 e[H];
+    __mmask64 special = 0;
+    // The 16 tokens' dot products into e[]; Exact decodes special codes
+    // (taken again for a block where the first pass met one).
+    auto pass = [&](auto exact) {
+      constexpr bool kExact = decltype(exact)::value;
+      __m512 b_even[H], c_even[H], d_first[H];
 #pragma GCC unroll 8
       for (int pr = 0; pr < 8; ++pr) {
         __m512 acc0[H], acc1[H];
@@ -257,12 +253,10 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
         const uint8_t* r1 = rows[2 * pr + 1];
         if constexpr (Perm) {
           for (int64_t d = 0; d < hd; d += 64) {
-            const Block64<E> k0(r0 + d, hd - d, &nan_any), k1(r1 + d, hd - d, &nan_any);
-            const int chunks = hd - d > 32 ? 4 : 2;
+            const Block64<E> k0(r0 + d, hd - d, &special), k1(r1 + d, hd - d, &special);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; ++c) {
-              if (c >= chunks) break;
-              const __m512 kc0 = k0.chunk(c), kc1 = k1.chunk(c);
+              const __m512 kc0 = k0.template chunk<kExact>(c), kc1 = k1.template chunk<kExact>(c);
 #pragma GCC unroll 8
               for (int h = 0; h < H; ++h) {
                 const __m512 qv = _mm512_loadu_ps(q + h * ldq + d + 16 * c);
@@ -274,8 +268,8 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
         } else {
           for (int64_t d = 0; d < hd; d += 16) {
             const __mmask16 m = mask16(hd - d);
-            const __m512 k0 = decode16<E, false>(r0 + d * eb, m);
-            const __m512 k1 = decode16<E, false>(r1 + d * eb, m);
+            const __m512 k0 = decode16<E>(r0 + d * eb, m);
+            const __m512 k1 = decode16<E>(r1 + d * eb, m);
 #pragma GCC unroll 8
             for (int h = 0; h < H; ++h) {
               const __m512 qv = _mm512_maskz_loadu_ps(m, q + h * ldq + d);
@@ -303,24 +297,27 @@ void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const Pa
             e[h] = tree4(d_first[h], dd);
         }
       }
-      const __mmask16 sm = mask16(nb);
-      __mmask16 nm = 0;  // rare: NaN scores for the rows holding a NaN code
-      if (nan || nan_any != 0)
-        for (int j = 0; j < nb; ++j) nm |= __mmask16(int(e4m3_has_nan(rows[j], hd)) << j);
+    };
+    pass(std::false_type());
+    if (E != KvDType::kBf16 && Perm && special != 0) pass(std::true_type());  // rare
+    const __mmask16 sm = mask16(nb);
 #pragma GCC unroll 8
-      for (int h = 0; h < H; ++h) {
-        const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[h]), c);
-        _mm512_mask_storeu_ps(s + h * lds + t0, sm, _mm512_mask_mov_ps(v, nm, _mm512_set1_ps(kNan)));
-      }
-      pg = p2, i = i2;
+    for (int h = 0; h < H; ++h) {
+      const __m512 ch = Perm && fold[h] != 1.f ? _mm512_mul_ps(c, _mm512_set1_ps(fold[h])) : c;
+      _mm512_mask_storeu_ps(s + h * lds + t0, sm,
+                            _mm512_mul_ps(_mm512_permutexvar_ps(unshuffle, e[h]), ch));
     }
+    pg = p2, i = i2;
   }
 }
 
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 16 at a time.
-// FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order. With
-// scale_p (FP8, first pass), p[h, t] *= vs_t * kFold 16 tokens ahead of their
-// use, so the V scales stream in with the V rows.
+// FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order. Every
+// 16 tokens the V scales are read to find the tokens whose w = p * vs_t takes
+// v_fold's 2^bias (all but those with huge scales, whose codes are widened
+// to exact values instead); with scale_p (FP8, first pass) p[h, t] is
+// multiplied there by vs_t and that fold, 16 tokens ahead of its use, so the
+// V scales stream in with the V rows.
 template <KvDType E, int H, int C>
 void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0, int64_t width,
                 float* out, bool scale_p) {
@@ -335,21 +332,29 @@ void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0
     for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
   const int64_t pt = kv.page_tokens, pages = (n + pt - 1) / pt;
   int64_t pg = 0, i = 0;
+  uint32_t wide = 0;  // FP8: bit t % 16 set where token t keeps w unfolded
   for (int64_t t = 0; t < n; ++t) {
-    if (E != KvDType::kBf16 && scale_p && t % 16 == 0) {
-      const int nb = int(std::min<int64_t>(16, n - t));
-      const __mmask16 m = mask16(nb);
-      const __m512 vs =
-          kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm512_set1_ps(kv.v_scale);
+    if constexpr (E != KvDType::kBf16) {
+      if (t % 16 == 0) {
+        using L = F8Lanes<E>;
+        const int nb = int(std::min<int64_t>(16, n - t));
+        const __mmask16 m = mask16(nb);
+        const __m512 vs =
+            kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm512_set1_ps(kv.v_scale);
+        const __mmask16 folded =
+            _mm512_cmp_ps_mask(_mm512_abs_ps(vs), _mm512_set1_ps(L::fold_limit), _CMP_LT_OQ);
+        wide = uint32_t(m & ~folded);
+        if (scale_p) {
+          const __m512 f = _mm512_mask_blend_ps(folded, _mm512_set1_ps(1.f), _mm512_set1_ps(L::unbias));
 #pragma GCC unroll 8
-      for (int h = 0; h < H; ++h) {
-        float* ph = p + h * ldp + t;
-        _mm512_mask_storeu_ps(ph, m,
-                              _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs),
-                                            _mm512_set1_ps(kFold<E>)));
+          for (int h = 0; h < H; ++h) {
+            float* ph = p + h * ldp + t;
+            _mm512_mask_storeu_ps(ph, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), f));
+          }
+        }
       }
+      prefetch_next_scales(kv.v_scales, pg, i, kv);
     }
-    if constexpr (E != KvDType::kBf16) prefetch_next_scales(kv.v_scales, pg, i, kv);
     const uint8_t* row = kv.v_pages[pg] + i * kv.token_stride + d0 * eb;
     if (pg + kPrefetchPages < pages)
       prefetch_row(kv.v_pages[pg + kPrefetchPages] + i * kv.token_stride + d0 * eb, width * eb);
@@ -359,15 +364,18 @@ void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0
       for (int c = 0; c < C; ++c) v[c] = decode16<E>(row + 16 * c * eb, mc[c]);
     } else {
       using Blk = std::conditional_t<C == 4, Block64<E>, Block32<E>>;
-      using Mask = std::conditional_t<C == 4, __mmask64, __mmask32>;
-      Mask nan = 0;
-      const Blk b(row, width, &nan);
-      if (nan) {  // rare: decode NaN codes per element
+      __mmask64 special = 0;
+      const Blk b(row, width, &special);
+      if (special) {  // rare: decode special codes per element
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) v[c] = b.template chunk<true>(c);
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) v[c] = b.chunk(c);
+      }
+      if (wide >> (t % 16) & 1) {  // rare: w not folded, so exact codes
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) v[c] = _mm512_mul_ps(v[c], _mm512_set1_ps(F8Lanes<E>::unbias));
       }
     }
 #pragma GCC unroll 8
@@ -385,9 +393,7 @@ void wsum_block(float* p, int64_t ldp, int64_t hd, const PagedKv& kv, int64_t d0
       for (int c = 0; c < C; ++c)
         _mm512_mask_storeu_ps(out + h * hd + d0 + 16 * c, mc[c], acc[h][c]);
     } else {
-#pragma GCC unroll 2
-      for (int c = 0; c < C; c += 2)
-        store_perm(out + h * hd + d0 + 16 * c, acc[h][c], acc[h][c + 1], width - 16 * c);
+      store_perm<C>(out + h * hd + d0, acc[h], width);
     }
   }
 }
@@ -399,11 +405,12 @@ void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
   if constexpr (E != KvDType::kBf16) {
     if (H * ldp <= kQpFloats) {
       alignas(64) float qp[kQpFloats];
-      permute_q(q, H, hd, qp, ldp);
-      return scores_block<E, H, true>(qp, ldp, hd, scale, kv, s, lds);
+      float fold[H];
+      permute_q<E>(q, H, hd, qp, ldp, fold);
+      return scores_block<E, H, true>(qp, ldp, hd, scale, kv, s, lds, fold);
     }
   }
-  scores_block<E, H, false>(q, hd, hd, scale, kv, s, lds);
+  scores_block<E, H, false>(q, hd, hd, scale, kv, s, lds, nullptr);
 }
 
 // out[h * hd + d] for d in [d0, d1); with scale_first (FP8), the first block
@@ -503,8 +510,7 @@ void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float sc
 }
 
 void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
-  const float fold = kv.elem == KvDType::kFp8E4m3 ? kFold<KvDType::kFp8E4m3> : 1.f;
-  probs_pass(s, lds, group, kv, fold, [](float* x, int64_t n) { softmax(x, n); });
+  probs_pass(s, lds, group, kv, true, [](float* x, int64_t n) { softmax(x, n); });
 }
 
 void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
