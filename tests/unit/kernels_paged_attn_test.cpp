@@ -428,7 +428,9 @@ TEST_P(PagedAttnTest, Bf16BitwiseEqualsUnpagedPath) {
 // starts from +0).
 TEST_P(PagedAttnTest, Fp8DecodesEveryCodeExactly) {
   for (KvDType e : {KvDType::kFp8E4m3, KvDType::kFp8E5m2})
-    for (float vscale : {1.f, 0.0123f}) {
+    // Scales of 300 and 1e5 pass the SIMD weighted sums' fold limit (e4m3 2^8,
+    // e5m2 2^16: v_fold), so those codes are widened to exact values instead.
+    for (float vscale : {1.f, 0.0123f, 300.f, 1e5f, -3.f}) {
       const int64_t hd = 256;
       std::vector<uint8_t> krow(size_t(hd), 0), vrow(static_cast<size_t>(hd));
       for (int64_t d = 0; d < hd; ++d) vrow[size_t(d)] = uint8_t(d);
@@ -458,6 +460,47 @@ TEST_P(PagedAttnTest, Fp8DecodesEveryCodeExactly) {
           }
         }
     }
+}
+
+// Queries past 2^7 (the SIMD scores multiply q by 2^K, K < bias for them)
+// and V scales past the probability fold's limit on some tokens (e4m3 2^8,
+// e5m2 2^16: those tokens' codes are widened instead, the others folded):
+// within the tolerance of the reference, and the split passes keep
+// paged_attn_decode's bits.
+TEST_P(PagedAttnTest, LargeQueriesAndScalesMatchReference) {
+  uint32_t seed = 700;
+  for (KvDType e : {KvDType::kFp8E4m3, KvDType::kFp8E5m2})
+    for (int64_t hd : {64, 96, 128})
+      for (const Case& c : kCases) {
+        Pages pg(e, Scales::kDynamic, hd, c.page_tokens, c.n, false, ++seed);
+        const float big = e == KvDType::kFp8E4m3 ? 0x1p16f : 0x1p24f;
+        for (int64_t t = 0; t < c.n; t += 3) {  // every third token's V scale
+          uint16_t* sc = pg.vs[size_t(t / c.page_tokens)].data() + (t % c.page_tokens) * pg.kHeads + pg.kHead;
+          *sc = f32_to_bf16(bf16_to_f32(*sc) * big);
+        }
+        auto q = random_f32(size_t(c.group * hd), -1.f, 1.f, ++seed);
+        for (int64_t h = 0; h < c.group; ++h)  // |q| up to 2^6, 2^8, 2^11 by head
+          for (int64_t d = 0; d < hd; ++d) q[size_t(h * hd + d)] *= float(64 << (h % 3 * 2 + h % 3 / 2));
+        const float scale = 1.f / std::sqrt(float(hd)) / 2048.f;
+        std::vector<float> want(size_t(c.group * hd)), got(want.size(), NAN);
+        std::vector<float> s_want(size_t(c.group * c.n)), s_got(s_want.size());
+        ref::paged_attn_decode(q.data(), c.group, hd, scale, pg.view, s_want.data(), want.data());
+        T().paged_attn_decode(q.data(), c.group, hd, scale, pg.view, s_got.data(), got.data());
+        std::vector<double> exact, bound;
+        exact_attention(pg, q, c.group, scale, exact, bound);
+        const std::string where = std::string(e == KvDType::kFp8E4m3 ? "e4m3" : "e5m2") +
+                                  " hd=" + std::to_string(hd) + " n=" + std::to_string(c.n) +
+                                  " group=" + std::to_string(c.group);
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(got[i])) << where << " i=" << i;
+          ASSERT_LE(std::fabs(double(got[i]) - want[i]), kTol * (bound[i] + 1e-30)) << where << " i=" << i;
+        }
+        std::vector<float> s(size_t(c.group * c.n)), got2(want.size(), 7.f);
+        T().paged_attn_scores(q.data(), c.group, hd, scale, pg.view, s.data(), c.n);
+        T().paged_attn_probs(s.data(), c.n, c.group, pg.view);
+        T().paged_attn_wsum(s.data(), c.n, c.group, hd, pg.view, 0, hd, got2.data());
+        ASSERT_EQ(0, std::memcmp(got2.data(), got.data(), got.size() * 4)) << "split: " << where;
+      }
 }
 
 TEST_P(PagedAttnTest, EmptyContextGivesZeros) {
