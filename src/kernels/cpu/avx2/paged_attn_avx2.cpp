@@ -214,9 +214,12 @@ inline __m256 tree3(__m256 c0, __m256 c1) {
 // ldq). Perm (FP8 only): q is permute_q's layout (fold[h]: its 2^(bias -
 // K_h)) and rows are read as Block32s; otherwise rows are decoded in order to
 // exact values.
-template <KvDType E, int H, bool Perm>
-void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
+// HD: the head size when it is a compile-time constant (64, 128: loops
+// unrolled, no partial blocks), else 0.
+template <KvDType E, int H, bool Perm, int HD>
+void scores_block(const float* q, int64_t ldq, int64_t hd_arg, float scale, const PagedKv& kv,
                   float* s, int64_t lds, const float* fold) {
+  const int64_t hd = HD ? HD : hd_arg;
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -416,10 +419,14 @@ void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
       alignas(32) float qp[kQpFloats];
       float fold[H];
       permute_q<E>(q, H, hd, qp, ldp, fold);
-      return scores_block<E, H, true>(qp, ldp, hd, scale, kv, s, lds, fold);
+      if (hd == 64) return scores_block<E, H, true, 64>(qp, ldp, hd, scale, kv, s, lds, fold);
+      if (hd == 128) return scores_block<E, H, true, 128>(qp, ldp, hd, scale, kv, s, lds, fold);
+      return scores_block<E, H, true, 0>(qp, ldp, hd, scale, kv, s, lds, fold);
     }
   }
-  scores_block<E, H, false>(q, hd, hd, scale, kv, s, lds, nullptr);
+  if (hd == 64) return scores_block<E, H, false, 64>(q, hd, hd, scale, kv, s, lds, nullptr);
+  if (hd == 128) return scores_block<E, H, false, 128>(q, hd, hd, scale, kv, s, lds, nullptr);
+  scores_block<E, H, false, 0>(q, hd, hd, scale, kv, s, lds, nullptr);
 }
 
 template <KvDType E>

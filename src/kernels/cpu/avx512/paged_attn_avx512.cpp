@@ -210,9 +210,12 @@ inline __m512 block_scales(const uint16_t* const* sc, const PagedKv& kv, int64_t
 // Perm (FP8 only): q is permute_q's layout (fold[h]: its 2^(bias - K_h)) and
 // rows are read as Block64s; otherwise rows are decoded in order to exact
 // values (fold unused).
-template <KvDType E, int H, bool Perm>
-void scores_block(const float* q, int64_t ldq, int64_t hd, float scale, const PagedKv& kv,
+// HD: the head size when it is a compile-time constant (64, 128: loops
+// unrolled, no partial blocks), else 0.
+template <KvDType E, int H, bool Perm, int HD>
+void scores_block(const float* q, int64_t ldq, int64_t hd_arg, float scale, const PagedKv& kv,
                   float* s, int64_t lds, const float* fold) {
+  const int64_t hd = HD ? HD : hd_arg;
   const int64_t n = kv.n_tokens, eb = kv_elem_bytes(E), pt = kv.page_tokens;
   const int64_t pages = (n + pt - 1) / pt;
   const __m512i unshuffle = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -407,10 +410,14 @@ void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
       alignas(64) float qp[kQpFloats];
       float fold[H];
       permute_q<E>(q, H, hd, qp, ldp, fold);
-      return scores_block<E, H, true>(qp, ldp, hd, scale, kv, s, lds, fold);
+      if (hd == 64) return scores_block<E, H, true, 64>(qp, ldp, hd, scale, kv, s, lds, fold);
+      if (hd == 128) return scores_block<E, H, true, 128>(qp, ldp, hd, scale, kv, s, lds, fold);
+      return scores_block<E, H, true, 0>(qp, ldp, hd, scale, kv, s, lds, fold);
     }
   }
-  scores_block<E, H, false>(q, hd, hd, scale, kv, s, lds, nullptr);
+  if (hd == 64) return scores_block<E, H, false, 64>(q, hd, hd, scale, kv, s, lds, nullptr);
+  if (hd == 128) return scores_block<E, H, false, 128>(q, hd, hd, scale, kv, s, lds, nullptr);
+  scores_block<E, H, false, 0>(q, hd, hd, scale, kv, s, lds, nullptr);
 }
 
 // out[h * hd + d] for d in [d0, d1); with scale_first (FP8), the first block
