@@ -116,12 +116,6 @@ template <KvDType E>
 inline float v_fold(float vs) {
   return __builtin_fabsf(vs) < F8Lanes<E>::fold_limit ? F8Lanes<E>::unbias : 1.f;
 }
-inline float v_fold(KvDType e, float vs) {
-  if (e == KvDType::kFp8E4m3) return v_fold<KvDType::kFp8E4m3>(vs);
-  if (e == KvDType::kFp8E5m2) return v_fold<KvDType::kFp8E5m2>(vs);
-  return 1.f;
-}
-
 // Queries are multiplied by 2^K (K = min(bias, 126 - E), E the exponent of
 // max |q|, so |q| * 2^K < 2^127) before meeting 2^-bias-scaled K codes; the
 // score then takes 2^(bias - K) back with its per-token factor. Returns K.
@@ -146,23 +140,17 @@ inline float pow2f(int e) {
   return f;
 }
 
-// p[h * lds + t] *= vs_t for every head (FP8 only), as (p * vs_t) * fold,
-// the order the SIMD passes multiply in; with `fold`, the SIMD weighted
-// sums' v_fold (exact, so the result is the contract's p * vs_t).
-inline void scale_probs(const PagedKv& kv, int64_t group, bool fold, float* p, int64_t lds) {
-  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
-    prefetch_next_scales(kv.v_scales, pg, i, kv);
-    const float vs = v_token_scale(kv, pg, i), extra = fold ? v_fold(kv.elem, vs) : 1.f;
-    for (int64_t h = 0; h < group; ++h) p[h * lds + t] = p[h * lds + t] * vs * extra;
-  });
-}
-
-// paged_attn_probs for an ISA with softmax `sm` (fold: see scale_probs).
+// The reference's paged_attn_probs: softmax `sm` per head, then (FP8)
+// p[h * lds + t] *= vs_t. (The SIMD ISAs also multiply by v_fold, 16 or 8
+// tokens at a time.)
 template <class Softmax>
-inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, bool fold,
-                       Softmax&& sm) {
+inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, Softmax&& sm) {
   for (int64_t h = 0; h < group; ++h) sm(s + h * lds, kv.n_tokens);
-  if (kv.elem != KvDType::kBf16) scale_probs(kv, group, fold, s, lds);
+  if (kv.elem == KvDType::kBf16) return;
+  for_each_token(kv, [&](int64_t t, int64_t pg, int64_t i) {
+    const float vs = v_token_scale(kv, pg, i);
+    for (int64_t h = 0; h < group; ++h) s[h * lds + t] *= vs;
+  });
 }
 
 }  // namespace

@@ -475,6 +475,29 @@ void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, i
   }
 }
 
+// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * v_fold(vs_t), 8
+// tokens at a time, as wsum_block's first pass multiplies (the same bits).
+template <KvDType E>
+void scale_probs_block(float* p, int64_t ldp, int64_t group, const PagedKv& kv) {
+  using L = F8Lanes<E>;
+  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
+  int64_t pg = 0, i = 0;
+  for (int64_t t = 0; t < n; t += 8) {
+    const int nb = int(std::min<int64_t>(8, n - t));
+    prefetch_next_scales(kv.v_scales, pg, i, kv);
+    const __m256 vs =
+        kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm256_set1_ps(kv.v_scale);
+    const __m256 folded = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), vs),
+                                        _mm256_set1_ps(L::fold_limit), _CMP_LT_OQ);
+    const __m256 f = _mm256_blendv_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(L::unbias), folded);
+    for (int64_t h = 0; h < group; ++h) {
+      float* ph = p + h * ldp + t;
+      store_part(ph, _mm256_mul_ps(_mm256_mul_ps(load_part(ph, nb), vs), f), nb);
+    }
+    for (i += nb; i >= pt; i -= pt) ++pg;
+  }
+}
+
 template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
@@ -499,7 +522,10 @@ void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float sc
 }
 
 void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
-  probs_pass(s, lds, group, kv, true, [](float* x, int64_t n) { softmax(x, n); });
+  for (int64_t h = 0; h < group; ++h) softmax(s + h * lds, kv.n_tokens);
+  with_elem(kv.elem, [&](auto E) {
+    if constexpr (E() != KvDType::kBf16) scale_probs_block<E()>(s, lds, group, kv);
+  });
 }
 
 void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,

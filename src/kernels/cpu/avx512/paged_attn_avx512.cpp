@@ -489,6 +489,30 @@ void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, i
     });
 }
 
+// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * v_fold(vs_t), 16
+// tokens at a time, as wsum_block's first pass multiplies (the same bits).
+template <KvDType E>
+void scale_probs_block(float* p, int64_t ldp, int64_t group, const PagedKv& kv) {
+  using L = F8Lanes<E>;
+  const int64_t n = kv.n_tokens, pt = kv.page_tokens;
+  int64_t pg = 0, i = 0;
+  for (int64_t t = 0; t < n; t += 16) {
+    const int nb = int(std::min<int64_t>(16, n - t));
+    const __mmask16 m = mask16(nb);
+    prefetch_next_scales(kv.v_scales, pg, i, kv);
+    const __m512 vs =
+        kv.v_scales ? block_scales(kv.v_scales, kv, pg, i, nb) : _mm512_set1_ps(kv.v_scale);
+    const __mmask16 folded =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(vs), _mm512_set1_ps(L::fold_limit), _CMP_LT_OQ);
+    const __m512 f = _mm512_mask_blend_ps(folded, _mm512_set1_ps(1.f), _mm512_set1_ps(L::unbias));
+    for (int64_t h = 0; h < group; ++h) {
+      float* ph = p + h * ldp + t;
+      _mm512_mask_storeu_ps(ph, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, ph), vs), f));
+    }
+    for (i += nb; i >= pt; i -= pt) ++pg;
+  }
+}
+
 template <KvDType E>
 void run(const float* q, int64_t group, int64_t hd, float scale, const PagedKv& kv, float* scratch,
          float* out) {
@@ -517,7 +541,10 @@ void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float sc
 }
 
 void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
-  probs_pass(s, lds, group, kv, true, [](float* x, int64_t n) { softmax(x, n); });
+  for (int64_t h = 0; h < group; ++h) softmax(s + h * lds, kv.n_tokens);
+  with_elem(kv.elem, [&](auto E) {
+    if constexpr (E() != KvDType::kBf16) scale_probs_block<E()>(s, lds, group, kv);
+  });
 }
 
 void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,

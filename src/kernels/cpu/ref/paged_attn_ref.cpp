@@ -45,7 +45,7 @@ void paged_attn_scores(const float* q, int64_t group, int64_t head_dim, float sc
 }
 
 void paged_attn_probs(float* s, int64_t lds, int64_t group, const PagedKv& kv) {
-  probs_pass(s, lds, group, kv, false, [](float* x, int64_t n) { softmax(x, n); });
+  probs_pass(s, lds, group, kv, [](float* x, int64_t n) { softmax(x, n); });
 }
 
 void paged_attn_wsum(const float* p, int64_t lds, int64_t group, int64_t head_dim,
