@@ -106,16 +106,13 @@ struct F8Lanes<KvDType::kFp8E5m2> {
   static constexpr float unbias = 0x1p112f, fold_limit = 0x1p16f;
 };
 
-// The probability fold of the SIMD weighted sums: V codes stay 2^-bias
+// The V fold (the SIMD weighted sums' probability fold): V codes stay 2^-bias
 // small, so w = p * vs_t is multiplied by 2^bias (exact) and the FMA's
 // product (w * 2^bias) * (v * 2^-bias) is the contract's w * v, rounding
 // included. p <= 1 after softmax, so w * 2^bias stays finite while |vs_t| <
 // fold_limit; tokens with a larger scale (none in practice) keep w as it is
 // and widen their codes to exact values instead.
-template <KvDType E>
-inline float v_fold(float vs) {
-  return __builtin_fabsf(vs) < F8Lanes<E>::fold_limit ? F8Lanes<E>::unbias : 1.f;
-}
+
 // Queries are multiplied by 2^K (K = min(bias, 126 - E), E the exponent of
 // max |q|, so |q| * 2^K < 2^127) before meeting 2^-bias-scaled K codes; the
 // score then takes 2^(bias - K) back with its per-token factor. Returns K.
@@ -141,7 +138,7 @@ inline float pow2f(int e) {
 }
 
 // The reference's paged_attn_probs: softmax `sm` per head, then (FP8)
-// p[h * lds + t] *= vs_t. (The SIMD ISAs also multiply by v_fold, 16 or 8
+// p[h * lds + t] *= vs_t. (The SIMD ISAs also multiply by the V fold, 16 or 8
 // tokens at a time.)
 template <class Softmax>
 inline void probs_pass(float* s, int64_t lds, int64_t group, const PagedKv& kv, Softmax&& sm) {

@@ -4,7 +4,7 @@
 // chunk t (0 .. 3) is code 4j+t shifted to the lane's top byte, shifted back
 // arithmetically and masked, the code's value times 2^-bias exactly; q is
 // permuted to the chunks' order and multiplied by 2^K, the probabilities by
-// 2^bias (v_fold), and the weighted sums un-permute their accumulators once.
+// 2^bias (the V fold), and the weighted sums un-permute their accumulators once.
 // Special codes (e4m3 NaN, e5m2 Inf/NaN) are found with one byte compare per
 // 32 codes; a score block that meets one is recomputed decoding them, a V
 // row with one decodes them.
@@ -313,7 +313,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd_arg, float scale, cons
 
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 8. FP8 (C =
 // 4 or 2): a Block32 or Block16 per row, chunks in its order. Every 8 tokens
-// the V scales are read to find the tokens whose w = p * vs_t takes v_fold's
+// the V scales are read to find the tokens whose w = p * vs_t takes the V fold's
 // 2^bias (all but those with huge scales, whose codes are widened to exact
 // values instead); with scale_p (FP8, first pass) p[h, t] is multiplied
 // there by vs_t and that fold, 8 tokens ahead of its use, so the V scales
@@ -475,7 +475,7 @@ void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, i
   }
 }
 
-// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * v_fold(vs_t), 8
+// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * (V fold of vs_t), 8
 // tokens at a time, as wsum_block's first pass multiplies (the same bits).
 template <KvDType E>
 void scale_probs_block(float* p, int64_t ldp, int64_t group, const PagedKv& kv) {

@@ -9,7 +9,7 @@
 // permuted alike and multiplied by 2^K (q_scale_exp: K = bias unless q is
 // very large), so products are q * k * 2^(K - bias), and the per-token score
 // factor takes 2^(bias - K) back. The weighted sums take w = p * vs_t times
-// 2^bias (v_fold: exact, so each FMA's product is the contract's w * v, bit
+// 2^bias (the V fold of paged_attn_common.h: exact, so each FMA's product is the contract's w * v, bit
 // for bit) and un-permute their accumulators once per block. So FP8 dot
 // products sum their elements in another order than BF16's (allowed by the
 // contract). Special codes (e4m3 NaN, e5m2 Inf/NaN) are found with one byte
@@ -317,7 +317,7 @@ void scores_block(const float* q, int64_t ldq, int64_t hd_arg, float scale, cons
 // out[h * hd + d0 .. d0 + width) for heads [0, H), C chunks of 16 at a time.
 // FP8 (C = 4 or 2): a Block64 or Block32 per row, chunks in its order. Every
 // 16 tokens the V scales are read to find the tokens whose w = p * vs_t takes
-// v_fold's 2^bias (all but those with huge scales, whose codes are widened
+// the V fold's 2^bias (all but those with huge scales, whose codes are widened
 // to exact values instead); with scale_p (FP8, first pass) p[h, t] is
 // multiplied there by vs_t and that fold, 16 tokens ahead of its use, so the
 // V scales stream in with the V rows.
@@ -489,7 +489,7 @@ void wsum(float* p, int64_t ldp, int64_t group, int64_t hd, const PagedKv& kv, i
     });
 }
 
-// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * v_fold(vs_t), 16
+// paged_attn_probs' FP8 step: p[h, t] = (p[h, t] * vs_t) * (V fold of vs_t), 16
 // tokens at a time, as wsum_block's first pass multiplies (the same bits).
 template <KvDType E>
 void scale_probs_block(float* p, int64_t ldp, int64_t group, const PagedKv& kv) {
