@@ -137,6 +137,26 @@ inline float pow2f(int e) {
   return f;
 }
 
+// The SIMD scores' copy of q for FP8 rows read `lanes` 32-bit lanes at a
+// time (four codes a lane; chunk t of a block holds codes 4j + t):
+// qp[h * ldp + d + lanes * t + j] = q[h * hd + d + 4 j + t] * 2^K_h (0 past
+// hd), ldp = hd rounded up to 4 * lanes; fold[h] = 2^(bias - K_h).
+template <KvDType E, int64_t lanes>
+inline void permute_q(const float* q, int64_t heads, int64_t hd, float* qp, int64_t ldp,
+                      float* fold) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const int k = q_scale_exp<E>(q + h * hd, hd);
+    const float s = pow2f(k);
+    fold[h] = pow2f(F8Lanes<E>::bias - k);
+    for (int64_t d = 0; d < ldp; d += 4 * lanes)
+      for (int64_t t = 0; t < 4; ++t)
+        for (int64_t j = 0; j < lanes; ++j) {
+          const int64_t x = d + 4 * j + t;
+          qp[h * ldp + d + lanes * t + j] = x < hd ? q[h * hd + x] * s : 0.f;
+        }
+  }
+}
+
 // The reference's paged_attn_probs: softmax `sm` per head, then (FP8)
 // p[h * lds + t] *= vs_t. (The SIMD ISAs also multiply by the V fold, 16 or 8
 // tokens at a time.)

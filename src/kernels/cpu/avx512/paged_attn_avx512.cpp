@@ -106,25 +106,6 @@ struct Block32 {
   }
 };
 
-// qp[h * ldp + d + 16 t + j] = q[h * hd + d + 4 j + t] * 2^K_h (Block64's
-// chunk order; 0 past hd), ldp = hd rounded up to 64; fold[h] = 2^(bias - K_h)
-// (q_scale_exp).
-template <KvDType E>
-inline void permute_q(const float* q, int64_t heads, int64_t hd, float* qp, int64_t ldp,
-                      float* fold) {
-  for (int64_t h = 0; h < heads; ++h) {
-    const int k = q_scale_exp<E>(q + h * hd, hd);
-    const float s = pow2f(k);
-    fold[h] = pow2f(F8Lanes<E>::bias - k);
-    for (int64_t d = 0; d < ldp; d += 64)
-      for (int64_t t = 0; t < 4; ++t)
-        for (int64_t j = 0; j < 16; ++j) {
-          const int64_t x = d + 4 * j + t;
-          qp[h * ldp + d + 16 * t + j] = x < hd ? q[h * hd + x] * s : 0.f;
-        }
-  }
-}
-
 // out[0 .. n) from the chunks of a weighted sum's block: C = 4 (Block64:
 // out[4j + t] = a[t][j]) or C = 2 (Block32: out[2j + t] = a[t][j]).
 template <int C>
@@ -409,7 +390,7 @@ void scores_heads(const float* q, int64_t hd, float scale, const PagedKv& kv, fl
     if (H * ldp <= kQpFloats) {
       alignas(64) float qp[kQpFloats];
       float fold[H];
-      permute_q<E>(q, H, hd, qp, ldp, fold);
+      permute_q<E, 16>(q, H, hd, qp, ldp, fold);
       if (hd == 64) return scores_block<E, H, true, 64>(qp, ldp, hd, scale, kv, s, lds, fold);
       if (hd == 128) return scores_block<E, H, true, 128>(qp, ldp, hd, scale, kv, s, lds, fold);
       return scores_block<E, H, true, 0>(qp, ldp, hd, scale, kv, s, lds, fold);
