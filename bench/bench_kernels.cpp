@@ -191,6 +191,7 @@ struct F8Set {
   int64_t n = 0, k = 0;
   std::vector<AlignedBuffer<uint8_t>> w;
   std::vector<AlignedBuffer<float>> scales;
+  float subnormal_share = 0.f;  // uniform codes: 1 in 16 (as the backend counts them)
   int64_t bytes() const { return int64_t(w[0].size() + scales[0].size() * 4); }
 };
 
@@ -209,6 +210,7 @@ const F8Set& f8_weights(int64_t n, int64_t k) {
   }
   for (int64_t r = 0; r < n; ++r)
     for (int64_t g = 0; g < groups; ++g) sc[size_t(r * groups + g)] = float((r / 128 + g) % 7 + 1) * 1e-4f;
+  fs.subnormal_share = kvant::kernels::f8_subnormal_share(codes.data(), n * k);
   const int64_t panels = kvant::kernels::q4_panels(n);
   const int64_t bytes = kvant::kernels::f8_packed_bytes(n, k, 128) + panels * groups * 64;
   const int64_t copies = std::max<int64_t>(1, (kColdBytes + bytes - 1) / bytes);
@@ -231,7 +233,8 @@ void bm_gemm_f8(benchmark::State& state, const KernelTable* T, Shape shape, int6
   kvant::set_num_threads(threads);
   size_t copy = 0;
   for (auto _ : state) {
-    const kvant::kernels::F8Weights w{fs.w[copy].data(), fs.scales[copy].data(), n, k, 128, false};
+    const kvant::kernels::F8Weights w{fs.w[copy].data(), fs.scales[copy].data(), n, k, 128, false,
+                                      fs.subnormal_share};
     copy = (copy + 1) % fs.w.size();
     kvant::parallel_for(n, 64, [&](int64_t n0, int64_t n1) {
       for (int64_t i0 = 0; i0 < m; i0 += 64)

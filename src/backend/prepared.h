@@ -47,12 +47,14 @@ struct Q4Matrix {
 // layout: codes as the checkpoint has them (or quantized at load) and FP32
 // scales per row and per group of `group` columns (a 128x128 block scale is
 // repeated over its 128 rows; per-channel and per-tensor scales are one
-// group of cols). nan_codes: some code is a NaN.
+// group of cols). nan_codes: some code is a NaN; subnormal_share: the share
+// of codes that are subnormal (kernels::F8Weights).
 struct F8Matrix {
   AlignedBuffer<uint8_t> w;
   AlignedBuffer<float> scales;
   int64_t rows = 0, cols = 0, group = 0;
   bool nan_codes = false;
+  float subnormal_share = 0.f;
   bool empty() const { return rows == 0; }
   size_t bytes() const { return w.size() + scales.size() * 4; }
 };

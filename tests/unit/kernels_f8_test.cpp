@@ -42,7 +42,8 @@ F8Problem make_f8(int64_t m, int64_t n, int64_t k, int64_t group, uint32_t seed,
   p.wp.assign(size_t(f8_packed_bytes(n, k, group)), 0xaa);
   p.sp.assign(size_t(q4_panels(n) * ng * 16), -1.f);
   const bool saw_nan = pack_f8(p.codes.data(), p.scale.data(), n, k, group, p.wp.data(), p.sp.data());
-  p.W = {p.wp.data(), p.sp.data(), n, k, group, saw_nan};
+  p.W = {p.wp.data(), p.sp.data(), n, k, group, saw_nan,
+         f8_subnormal_share(p.codes.data(), n * k)};
   return p;
 }
 
@@ -186,6 +187,52 @@ TEST_P(KernelF8Test, NanCodesGiveNanRows) {
   for (int64_t i = 0; i < p.m; ++i)
     for (int64_t j = 0; j < p.n; ++j)
       EXPECT_EQ(std::isnan(y[size_t(i * ldy + j)]), j == 7 || j == 20) << "i=" << i << " j=" << j;
+}
+
+// Matrices with subnormal codes decode at 2^-104 where FP32 denormals are
+// slow (f8_subnormal_decode) and at 2^-120 elsewhere: both give the
+// reference's bits, NaN codes included. Each decode forced in turn.
+TEST_P(KernelF8Test, SubnormalCodesGiveTheReferenceBitsInBothDecodes) {
+  for (int forced : {0, 1}) {
+    set_f8_subnormal_decode(forced);
+    SCOPED_TRACE(forced ? "2^-104 decode" : "2^-120 decode");
+    check_matches_reference(T().gemm_f8);
+    check_large_rows(T().gemm_f8);
+    check_nonfinite_rows(T().gemm_f8);
+    // Every exponent-0 code (zeros and subnormals, both signs) beside NaN codes.
+    F8Problem p = make_f8(5, 33, 130, 64, 21, true);
+    for (size_t i = 0; i < p.codes.size(); i += 3) p.codes[i] = uint8_t((i / 3) % 8 | (i % 2 ? 0x80 : 0));
+    p.W.nan_codes = pack_f8(p.codes.data(), p.scale.data(), p.n, p.k, p.group, p.wp.data(), p.sp.data());
+    p.W.subnormal_share = f8_subnormal_share(p.codes.data(), p.n * p.k);
+    ASSERT_GT(p.W.subnormal_share, 0.f);
+    expect_reference(T().gemm_f8, p, "exponent-0 and NaN codes");
+  }
+  set_f8_subnormal_decode(-1);
+}
+
+TEST(KernelF8Pack, CountsSubnormalCodes) {
+  const uint8_t none[] = {0x00, 0x80, 0x08, 0x88, 0x7f, 0x30};
+  EXPECT_EQ(f8_subnormal_share(none, 6), 0.f);
+  for (uint8_t c : {0x01, 0x07, 0x81, 0x87}) {
+    const uint8_t one[] = {0x30, 0x00, c, 0x40};
+    EXPECT_EQ(f8_subnormal_share(one, 4), 0.25f) << int(c);
+  }
+}
+
+// The rule: forced off or on, or (left to choose) only where denormals are
+// slow and the share times the rows a decoded vector feeds reaches 1/1024.
+TEST(KernelF8Pack, SubnormalDecodeRule) {
+  set_f8_subnormal_decode(0);
+  EXPECT_FALSE(f8_subnormal_decode(0.5f, 64));
+  set_f8_subnormal_decode(1);
+  EXPECT_TRUE(f8_subnormal_decode(1e-6f, 1));
+  EXPECT_FALSE(f8_subnormal_decode(0.f, 64));
+  set_f8_subnormal_decode(-1);
+  if (std::getenv("KVANT_F8_DENORMAL_DECODE")) return;
+  const bool slow = f8_denormals_slow();
+  EXPECT_EQ(f8_subnormal_decode(1.f / 16, 1), slow);
+  EXPECT_FALSE(f8_subnormal_decode(1e-4f, 1));
+  EXPECT_EQ(f8_subnormal_decode(1e-4f, 512), slow);
 }
 
 TEST(KernelF8Pack, WeightIsCodeTimesItsGroupScale) {

@@ -69,6 +69,7 @@ F8Matrix CpuBackend::prepare_fp8(const uint8_t* codes, const float* scale, int64
   m.w = AlignedBuffer<uint8_t>(size_t(kernels::f8_packed_bytes(rows, cols, group)));
   m.scales = AlignedBuffer<float>(size_t(kernels::q4_panels(rows) * kernels::f8_groups(cols, group) * 16));
   m.nan_codes = kernels::pack_f8(codes, scale, rows, cols, group, m.w.data(), m.scales.data());
+  m.subnormal_share = kernels::f8_subnormal_share(codes, rows * cols);
   return m;
 }
 
@@ -225,7 +226,8 @@ void CpuBackend::linear(CF32 x, LinearRef w, F32 y) {
 void CpuBackend::linear_fp8(CF32 x, const F8Matrix& W, F32 y) {
   const int64_t m = x.rows, k = W.cols;
   const uint16_t* xb = rows_bf16(x, k);
-  const kernels::F8Weights w{W.w.data(), W.scales.data(), W.rows, W.cols, W.group, W.nan_codes};
+  const kernels::F8Weights w{W.w.data(), W.scales.data(), W.rows, W.cols, W.group, W.nan_codes,
+                                    W.subnormal_share};
   constexpr int64_t kTile = 64;
   pfor(W.rows, 64, [&](int64_t n0, int64_t n1) {
     for (int64_t i0 = 0; i0 < m; i0 += kTile)

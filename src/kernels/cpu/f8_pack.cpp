@@ -18,6 +18,12 @@ int64_t f8_offset(int64_t k, int64_t group, int64_t row, int64_t col) {
 
 }  // namespace
 
+float f8_subnormal_share(const uint8_t* codes, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += (codes[i] & 0x78) == 0 && (codes[i] & 0x07) != 0;
+  return n > 0 ? float(double(c) / double(n)) : 0.f;
+}
+
 bool pack_f8(const uint8_t* codes, const float* scale, int64_t n, int64_t k, int64_t group,
              uint8_t* w, float* scales) {
   const int64_t panels = q4_panels(n), groups = f8_groups(k, group);

@@ -16,11 +16,12 @@
 //
 // Traits T supply: kU, kBlockRows (multiple of 16), V (FP32 vector), R (a
 // unit's raw quad word vector); zero() -> V; bcast(const float*) -> V;
-// load(const uint8_t*) -> R; decode<t, kNan>(R) -> V (code t of each lane's
-// word as e4m3 * 2^-120); fma(V acc, V x, V w) -> V; fold(V e, V o, float
+// load(const uint8_t*) -> R; decode<t, kMode>(R) -> V (code t of each lane's
+// word as e4m3 * 2^-120, or 2^-104 with kF8Sub in kMode; NaN codes as NaN
+// with kF8Nan); fma(V acc, V x, V w) -> V; fold(V e, V o, float
 // unscale, const float* scales of the unit, V y) -> fma((e + o) * unscale,
 // s, y); load_y / store_y(y row, jbase, jlo, jhi), the unit's lanes in
-// [jlo, jhi) only; and strip<kNan>(rows, ...) choosing tile shapes (below).
+// [jlo, jhi) only; and strip<kMode>(rows, ...) choosing tile shapes (below).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +33,11 @@
 
 namespace kvant::kernels {
 namespace {
+
+// Decode modes (kMode bits): NaN codes present; subnormal codes present on a
+// CPU where FP32 denormal operands are slow (f8_denormals_slow), decoded at
+// 2^-104 so that every value is a normal FP32 (x's unscale follows).
+inline constexpr int kF8Nan = 1, kF8Sub = 2;
 
 // Everything here is a template on the including ISA's traits (or tag) T,
 // so its instantiations carry T's namespace (avx2::, avx512::, ...) in
@@ -106,12 +112,12 @@ const E* f8_pad_rows(F8Scratch<T, E>& buf, const uint16_t* x, int64_t ldx, const
 // x rows in FP32, scaled by 2^K per row (kernels.h, gemm_f8).
 struct F8Rows {
   const float* x = nullptr;        // rows of ld floats
-  const float* unscale = nullptr;  // per row: 2^(120 - K)
+  const float* unscale = nullptr;  // per row: 2^(base - K), base 120 (104 with kF8Sub)
   int64_t ld = 0;
 };
 
 template <class T>
-F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
+F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m, int base) {
   thread_local F8Scratch<T, float> buf, unscale_buf, scale_buf;
   float* unscale = unscale_buf.get(m);
   float* scale = scale_buf.get(m);
@@ -122,7 +128,7 @@ F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
     // E = exponent of the largest |x| (its biased field - 127); K = min(120,
     // 125 - E) keeps |x| * 2^K below 2^126. Inf / NaN rows get K = -3.
     const int K = std::min(120, 125 - (int(top >> 7) - 127));
-    const uint32_t sb = uint32_t(127 + K) << 23, ub = uint32_t(127 + 120 - K) << 23;
+    const uint32_t sb = uint32_t(127 + K) << 23, ub = uint32_t(127 + base - K) << 23;
     std::memcpy(&scale[size_t(i)], &sb, 4);
     std::memcpy(&unscale[size_t(i)], &ub, 4);
   }
@@ -135,7 +141,7 @@ F8Rows f8_rows(const uint16_t* x, int64_t ldx, const F8Weights& W, int64_t m) {
   return {xs, unscale, f8_padded_cols(W)};
 }
 
-template <class T, int MR, int NU, bool kNan>
+template <class T, int MR, int NU, int kMode>
 void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* y, int64_t ldy,
              int64_t jlo, int64_t jhi) {
   using V = typename T::V;
@@ -169,10 +175,10 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
         for (int u = 0; u < NU; ++u) {
           __builtin_prefetch(wu[u] + q * 64 + kF8PrefetchBytes, 0, 2);
           const R d = T::load(wu[u] + q * 64);
-          e[0][u] = T::fma(e[0][u], x0, T::template decode<0, kNan>(d));
-          o[0][u] = T::fma(o[0][u], x1, T::template decode<1, kNan>(d));
-          e[0][u] = T::fma(e[0][u], x2, T::template decode<2, kNan>(d));
-          o[0][u] = T::fma(o[0][u], x3, T::template decode<3, kNan>(d));
+          e[0][u] = T::fma(e[0][u], x0, T::template decode<0, kMode>(d));
+          o[0][u] = T::fma(o[0][u], x1, T::template decode<1, kMode>(d));
+          e[0][u] = T::fma(e[0][u], x2, T::template decode<2, kMode>(d));
+          o[0][u] = T::fma(o[0][u], x3, T::template decode<3, kMode>(d));
         }
       } else {
         R d[NU];
@@ -181,7 +187,7 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
         auto column = [&]<int t>() {
           V w[NU];
 #pragma GCC unroll 8
-          for (int u = 0; u < NU; ++u) w[u] = T::template decode<t, kNan>(d[u]);
+          for (int u = 0; u < NU; ++u) w[u] = T::template decode<t, kMode>(d[u]);
 #pragma GCC unroll 16
           for (int r = 0; r < MR; ++r) {
             const V xv = T::bcast(xr[r] + 4 * q + t);
@@ -222,16 +228,16 @@ void f8_tile(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, float* 
 }
 
 // Units [u0, u1) NUMAX at a time, the last sweep narrower.
-template <class T, int MR, int NUMAX, bool kNan>
+template <class T, int MR, int NUMAX, int kMode>
 void f8_sweep(int rows, const F8Rows& xs, const F8Weights& W, int64_t u0, int64_t u1, float* y,
               int64_t ldy, int64_t jlo, int64_t jhi) {
   for (int64_t u = u0; u < u1; u += NUMAX)
     with_panels<NUMAX>(int(std::min<int64_t>(NUMAX, u1 - u)), [&]<int NU>() {
-      f8_tile<T, MR, NU, kNan>(rows, xs, W, u, y, ldy, jlo, jhi);
+      f8_tile<T, MR, NU, kMode>(rows, xs, W, u, y, ldy, jlo, jhi);
     });
 }
 
-template <class T, bool kNan>
+template <class T, int kMode>
 void f8_blocked(const F8Rows& xs, const F8Weights& W, float* y, int64_t ldy, int64_t m, int64_t n0,
                 int64_t n1) {
   constexpr int64_t kBlockUnits = T::kBlockRows / T::kU;
@@ -240,7 +246,7 @@ void f8_blocked(const F8Rows& xs, const F8Weights& W, float* y, int64_t ldy, int
     const int64_t u1 = std::min(ue, u0 + kBlockUnits);
     for (int64_t i0 = 0; i0 < m;) {
       const F8Rows strip{xs.x + i0 * xs.ld, xs.unscale + i0, xs.ld};
-      i0 += T::template strip<kNan>(int(std::min<int64_t>(m - i0, 1 << 20)), strip, W, u0, u1,
+      i0 += T::template strip<kMode>(int(std::min<int64_t>(m - i0, 1 << 20)), strip, W, u0, u1,
                                     y + i0 * ldy, ldy, n0, n1);
     }
   }
@@ -250,11 +256,18 @@ template <class T>
 void gemm_f8_blocked(const uint16_t* x, int64_t ldx, const F8Weights& W, float* y, int64_t ldy,
                      int64_t m, int64_t n0, int64_t n1) {
   if (m <= 0 || n1 <= n0 || W.k <= 0) return;
-  const F8Rows xs = f8_rows<T>(x, ldx, W, m);
-  if (W.nan_codes)
-    f8_blocked<T, true>(xs, W, y, ldy, m, n0, n1);
-  else
-    f8_blocked<T, false>(xs, W, y, ldy, m, n0, n1);
+  const bool sub = f8_subnormal_decode(W.subnormal_share, m);
+  const F8Rows xs = f8_rows<T>(x, ldx, W, m, sub ? 104 : 120);
+  switch ((W.nan_codes ? kF8Nan : 0) | (sub ? kF8Sub : 0)) {
+    case 0:
+      return f8_blocked<T, 0>(xs, W, y, ldy, m, n0, n1);
+    case kF8Nan:
+      return f8_blocked<T, kF8Nan>(xs, W, y, ldy, m, n0, n1);
+    case kF8Sub:
+      return f8_blocked<T, kF8Sub>(xs, W, y, ldy, m, n0, n1);
+    default:
+      return f8_blocked<T, kF8Nan | kF8Sub>(xs, W, y, ldy, m, n0, n1);
+  }
 }
 
 }  // namespace

@@ -104,7 +104,28 @@ struct F8Weights {
   const float* scales = nullptr;  // q4_panels(n) * f8_groups(k, group) * 16
   int64_t n = 0, k = 0, group = 0;
   bool nan_codes = false;  // some code is a NaN (0x7f / 0xff): kernels check for it
+  // The share of codes that are subnormal (exponent 0, mantissa not 0). The
+  // SIMD kernels decode codes to FP32 e4m3 * 2^-120, where those are FP32
+  // denormals, and on some CPUs (Intel's) an FMA with a denormal operand
+  // takes a microcode assist (about 70 cycles measured). Where that costs
+  // more than decoding at 2^-104 instead, every value a normal FP32 with the
+  // same bits (three more instructions a vector), the kernels do that:
+  // f8_subnormal_decode.
+  float subnormal_share = 0.f;
 };
+// The share of n codes that are subnormal e4m3 (F8Weights::subnormal_share).
+float f8_subnormal_share(const uint8_t* codes, int64_t n);
+// Whether FP32 arithmetic on a denormal operand is much slower than on a
+// normal one on this CPU (timed once, at first use).
+bool f8_denormals_slow();
+// Whether gemm_f8 over m rows of x decodes W at 2^-104: on a CPU where
+// denormals are slow, when share * min(m, 12) >= 1/1024 (each decoded
+// vector feeds up to 12 rows' FMAs; real checkpoints have about 1e-4, so
+// decode keeps the cheaper decode and prefill takes this one).
+// KVANT_F8_DENORMAL_DECODE=0 / 1, or set_f8_subnormal_decode(0 / 1), forces
+// it off / on (on wherever the share is not 0); -1 restores the rule.
+bool f8_subnormal_decode(float share, int64_t m);
+void set_f8_subnormal_decode(int forced);
 constexpr int64_t f8_groups(int64_t k, int64_t group) { return (k + group - 1) / group; }
 // Column quads of a whole group, and of a row (the last group may be shorter).
 constexpr int64_t f8_group_quads(int64_t k, int64_t group) {
