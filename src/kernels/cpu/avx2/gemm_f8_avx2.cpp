@@ -25,33 +25,26 @@ struct F8Traits {
   }
   template <int t, int kMode>
   static V decode(R d) {
+    constexpr bool kSub = (kMode & kF8Sub) != 0;
     const R top = t == 3 ? d : _mm256_slli_epi32(d, 24 - 8 * t);
     R v = _mm256_and_si256(_mm256_srai_epi32(top, 4), _mm256_set1_epi32(int(0x87f00000u)));
-    if constexpr ((kMode & kF8Sub) != 0) {
-      // As on AVX-512: exponent field + 16 (e4m3 * 2^-104, never an FP32
-      // denormal); exponent-0 codes become 2v - sign(v) * 2^-110, exactly.
-      v = _mm256_or_si256(v, _mm256_set1_epi32(0x08000000));
-      if constexpr ((kMode & kF8Nan) != 0) {
-        const R nan = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x0ff00000));
-        v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), nan);
-      }
-      const R zero_exp = _mm256_cmpeq_epi32(
-          _mm256_and_si256(top, _mm256_set1_epi32(0x78000000)), _mm256_setzero_si256());
-      const R c = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(int(0x80000000u))),
-                                  _mm256_set1_epi32(0x08800000));
-      const V vf = _mm256_castsi256_ps(v);
-      const V fixed = _mm256_fmsub_ps(vf, _mm256_set1_ps(2.f), _mm256_castsi256_ps(c));
-      return _mm256_blendv_ps(vf, fixed, _mm256_castsi256_ps(zero_exp));
-    } else {
-      if constexpr ((kMode & kF8Nan) != 0) {
-        // 0x7f / 0xff decode to +-0x07f00000 here: make them NaN.
-        const R nan = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x07f00000));
-        v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), nan);
-      }
-      return _mm256_castsi256_ps(v);
+    // kSub, as on AVX-512: exponent field + 16 (e4m3 * 2^-104, never an FP32 denormal).
+    if constexpr (kSub) v = _mm256_or_si256(v, _mm256_set1_epi32(0x08000000));
+    if constexpr ((kMode & kF8Nan) != 0) {
+      // 0x7f / 0xff decode to +-0x07f00000 here (0x0ff00000 with kSub): make them NaN.
+      const R nan = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7fffffff)),
+                                       _mm256_set1_epi32(kSub ? 0x0ff00000 : 0x07f00000));
+      v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), nan);
     }
+    if constexpr (!kSub) return _mm256_castsi256_ps(v);
+    // Exponent-0 codes become 2v - sign(v) * 2^-110, exactly.
+    const R zero_exp = _mm256_cmpeq_epi32(_mm256_and_si256(top, _mm256_set1_epi32(0x78000000)),
+                                          _mm256_setzero_si256());
+    const R c = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(int(0x80000000u))),
+                                _mm256_set1_epi32(0x08800000));
+    const V vf = _mm256_castsi256_ps(v);
+    const V fixed = _mm256_fmsub_ps(vf, _mm256_set1_ps(2.f), _mm256_castsi256_ps(c));
+    return _mm256_blendv_ps(vf, fixed, _mm256_castsi256_ps(zero_exp));
   }
   static V fma(V acc, V x, V w) { return _mm256_fmadd_ps(x, w, acc); }
   static V fold(V e, V o, float unscale, const float* s, V y) {

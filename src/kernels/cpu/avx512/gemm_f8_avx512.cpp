@@ -29,35 +29,28 @@ struct F8Traits {
   }
   template <int t, int kMode>
   static V decode(R d) {
+    constexpr bool kSub = (kMode & kF8Sub) != 0;
     const R top = t == 3 ? d : _mm512_slli_epi32(d, 24 - 8 * t);
-    const R s4 = _mm512_srai_epi32(top, 4);
-    if constexpr ((kMode & kF8Sub) != 0) {
-      // Exponent field + 16 (bit 27 set: (s4 & mask) | bit 27), so that the
-      // value is e4m3 * 2^-104 and never an FP32 denormal. An exponent-0
-      // code then reads 2^-111 * 1.mmm; 2v - sign(v) * 2^-110 is its value,
-      // 2^-110 * 0.mmm, exactly (zero codes give 0).
-      R v = _mm512_ternarylogic_epi32(s4, _mm512_set1_epi32(int(0x87f00000u)),
-                                      _mm512_set1_epi32(0x08000000), 0xEA);
-      if constexpr ((kMode & kF8Nan) != 0) {
-        const __mmask16 nan = _mm512_cmpeq_epi32_mask(
-            _mm512_and_si512(v, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x0ff00000));
-        v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7fc00000));
-      }
-      const __mmask16 zero_exp = _mm512_testn_epi32_mask(top, _mm512_set1_epi32(0x78000000));
-      const R c = _mm512_ternarylogic_epi32(v, _mm512_set1_epi32(int(0x80000000u)),
-                                            _mm512_set1_epi32(0x08800000), 0xEA);
-      return _mm512_mask_fmsub_ps(_mm512_castsi512_ps(v), zero_exp, _mm512_set1_ps(2.f),
-                                  _mm512_castsi512_ps(c));
-    } else {
-      R v = _mm512_and_si512(s4, _mm512_set1_epi32(int(0x87f00000u)));
-      if constexpr ((kMode & kF8Nan) != 0) {
-        // 0x7f / 0xff decode to +-0x07f00000 here: make them NaN.
-        const __mmask16 nan = _mm512_cmpeq_epi32_mask(
-            _mm512_and_si512(v, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x07f00000));
-        v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7fc00000));
-      }
-      return _mm512_castsi512_ps(v);
+    const R s4 = _mm512_srai_epi32(top, 4), mask = _mm512_set1_epi32(int(0x87f00000u));
+    // kSub: exponent field + 16 ((s4 & mask) | bit 27), so that the value is
+    // e4m3 * 2^-104 and never an FP32 denormal.
+    R v = kSub ? _mm512_ternarylogic_epi32(s4, mask, _mm512_set1_epi32(0x08000000), 0xEA)
+               : _mm512_and_si512(s4, mask);
+    if constexpr ((kMode & kF8Nan) != 0) {
+      // 0x7f / 0xff decode to +-0x07f00000 here (0x0ff00000 with kSub): make them NaN.
+      const __mmask16 nan =
+          _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, _mm512_set1_epi32(0x7fffffff)),
+                                  _mm512_set1_epi32(kSub ? 0x0ff00000 : 0x07f00000));
+      v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7fc00000));
     }
+    if constexpr (!kSub) return _mm512_castsi512_ps(v);
+    // An exponent-0 code now reads 2^-111 * 1.mmm; 2v - sign(v) * 2^-110 is
+    // its value, 2^-110 * 0.mmm, exactly (zero codes give 0).
+    const __mmask16 zero_exp = _mm512_testn_epi32_mask(top, _mm512_set1_epi32(0x78000000));
+    const R c = _mm512_ternarylogic_epi32(v, _mm512_set1_epi32(int(0x80000000u)),
+                                          _mm512_set1_epi32(0x08800000), 0xEA);
+    return _mm512_mask_fmsub_ps(_mm512_castsi512_ps(v), zero_exp, _mm512_set1_ps(2.f),
+                                _mm512_castsi512_ps(c));
   }
   static V fma(V acc, V x, V w) { return _mm512_fmadd_ps(x, w, acc); }
   static V fold(V e, V o, float unscale, const float* s, V y) {
